@@ -1,0 +1,269 @@
+"""make cluster-check: the data plane's acceptance check and bare-Kueue baseline.
+
+1. Brings the cluster up if needed (kestrel.cluster.ensure_cluster) and records the
+   resident memory of its processes while idle (etcd, kube-apiserver,
+   kube-controller-manager, kube-scheduler, kwok-controller, kueue).
+2. Quota checks against real Kueue: in a tenant ClusterQueue with 8 H100 GPUs, an
+   8-GPU Job is admitted on flavor gpu-h100, its pod lands on an H100 KWOK node and
+   Succeeds; a second 8-GPU Job submitted meanwhile gets no quota until the first has
+   finished, then is admitted.
+3. Baseline: K Jobs (1 GPU, short duration) submitted straight to Kueue with the
+   kubernetes client into a ClusterQueue whose quota equals the GPU pool (64 GPUs),
+   so admissions are bounded by real quota being released as jobs finish, like
+   Kueue's own performance baseline. Admission instants are taken from a watch on
+   the Workloads. The jobs are deleted afterwards.
+
+Last line: ``cluster: kubernetes=... kueue=... kwok=... gpu_nodes=N gpus=N
+admitted_within_quota=B held_over_quota=B kueue_admit_per_s=X idle_rss_mib=N``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, cast
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kestrel import cluster as kc
+
+WAIT_S = 300.0
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def k8s() -> Any:
+    from kubernetes import client
+
+    return client
+
+
+def wait_for(what: str, fn: Any, timeout_s: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    delay = 0.2
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
+
+
+def job_state(api: Any, ns: str, name: str) -> str | None:
+    job = k8s().BatchV1Api(api).read_namespaced_job_status(name, ns)
+    for cond in job.status.conditions or []:
+        if cond.type in ("Complete", "Failed") and cond.status == "True":
+            return str(cond.type)
+    return None
+
+
+def quota_checks(api: Any) -> tuple[bool, bool]:
+    """Returns (admitted_within_quota, held_over_quota)."""
+    ns = f"check-{uuid.uuid4().hex[:6]}"
+    batch = k8s().BatchV1Api(api)
+    core = k8s().CoreV1Api(api)
+    kc.create_tenant_queue(api, kc.tenant_queue_manifests(ns, gpu_quota={"gpu-h100": 8}))
+    admitted_ok = held_ok = False
+    try:
+        first = batch.create_namespaced_job(
+            ns, cast(Any, kc.gpu_job_manifest("first", ns, "gpu", gpus=8, duration_s=8))
+        )
+        wl = wait_for(
+            "first admitted",
+            lambda: (
+                (w := kc.workloads_by_job_uid(api, ns).get(first.metadata.uid))
+                and kc.condition_true(w, "Admitted")
+                and w
+            ),
+        )
+        flavor = wl["status"]["admission"]["podSetAssignments"][0]["flavors"]["nvidia.com/gpu"]
+        log(f"  first: admitted by ClusterQueue {ns} on flavor {flavor}")
+
+        second = batch.create_namespaced_job(
+            ns, cast(Any, kc.gpu_job_manifest("second", ns, "gpu", gpus=8, duration_s=1))
+        )
+        held = wait_for(
+            "second evaluated",
+            lambda: (
+                (w := kc.workloads_by_job_uid(api, ns).get(second.metadata.uid))
+                and kc.condition(w, "QuotaReserved") is not None
+                and w
+            ),
+        )
+        held_msg = (kc.condition(held, "QuotaReserved") or {}).get("message", "")
+        held_ok = not kc.condition_true(held, "QuotaReserved")
+        log(f"  second: QuotaReserved={not held_ok} ({held_msg})")
+        observations = 0
+        while not job_state(api, ns, "first"):
+            w = kc.workloads_by_job_uid(api, ns)[second.metadata.uid]
+            if kc.condition_true(w, "QuotaReserved"):
+                held_ok = False
+            observations += 1
+            time.sleep(0.5)
+        held_ok = held_ok and observations > 0
+        pods = core.list_namespaced_pod(ns, label_selector="job-name=first").items
+        node = core.read_node(pods[0].spec.node_name) if pods else None
+        first_state = job_state(api, ns, "first")
+        admitted_ok = (
+            flavor == "gpu-h100"
+            and first_state == "Complete"
+            and len(pods) == 1
+            and pods[0].status.phase == "Succeeded"
+            and node is not None
+            and node.metadata.labels.get("kestrel.dev/flavor") == "gpu-h100"
+        )
+        log(
+            f"  first: {first_state} on node {pods[0].spec.node_name if pods else None}; "
+            f"second held while first ran ({observations} observations): {held_ok}"
+        )
+        second_wl = wait_for(
+            "second admitted after first finished",
+            lambda: (
+                (w := kc.workloads_by_job_uid(api, ns).get(second.metadata.uid))
+                and kc.condition_true(w, "Admitted")
+                and w
+            ),
+        )
+        first_wl = kc.workloads_by_job_uid(api, ns)[first.metadata.uid]
+        fin = (kc.condition(first_wl, "Finished") or {}).get("lastTransitionTime", "")
+        res = (kc.condition(second_wl, "QuotaReserved") or {}).get("lastTransitionTime", "")
+        held_ok = held_ok and bool(fin) and res >= fin  # RFC3339 UTC strings compare in order
+        log(f"  second: quota reserved at {res}, first finished at {fin}")
+        wait_for("second finished", lambda: job_state(api, ns, "second"))
+    finally:
+        kc.delete_tenant_queue(api, ns)
+    return admitted_ok, held_ok
+
+
+def watch_admissions(
+    api: Any, ns: str, seen: dict[str, float], target: int, stop: threading.Event
+) -> None:
+    """Record the first instant each Workload in ``ns`` is seen Admitted."""
+    from kubernetes import watch
+
+    watch_mod: Any = watch  # kubernetes.watch has no type hints
+    custom = k8s().CustomObjectsApi(api)
+    while not stop.is_set() and len(seen) < target:
+        listing = custom.list_namespaced_custom_object(
+            kc.KUEUE_GROUP, kc.KUEUE_API_VERSION, ns, "workloads"
+        )
+        now = time.monotonic()
+        for wl in listing["items"]:
+            if kc.condition_true(wl, "Admitted"):
+                seen.setdefault(wl["metadata"]["uid"], now)
+        w = watch_mod.Watch()
+        for event in w.stream(
+            custom.list_namespaced_custom_object,
+            kc.KUEUE_GROUP,
+            kc.KUEUE_API_VERSION,
+            ns,
+            "workloads",
+            resource_version=listing["metadata"]["resourceVersion"],
+            timeout_seconds=30,
+        ):
+            obj = event["object"]
+            if kc.condition_true(obj, "Admitted"):
+                seen.setdefault(obj["metadata"]["uid"], time.monotonic())
+            if stop.is_set() or len(seen) >= target:
+                w.stop()
+                break
+
+
+def bench(api: Any, jobs: int, duration_s: int, workers: int, gpus_total: int) -> dict[str, float]:
+    ns = f"bench-{uuid.uuid4().hex[:6]}"
+    flavors = {"gpu-h100": gpus_total // 2, "gpu-a10": gpus_total - gpus_total // 2}
+    kc.create_tenant_queue(api, kc.tenant_queue_manifests(ns, gpu_quota=flavors))
+    seen: dict[str, float] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=watch_admissions, args=(kc.api_client(), ns, seen, jobs, stop), daemon=True
+    )
+    watcher.start()
+    clients = [kc.api_client() for _ in range(workers)]
+
+    def create(i: int) -> None:
+        body = kc.gpu_job_manifest(f"j{i:05d}", ns, "gpu", gpus=1, duration_s=duration_s)
+        k8s().BatchV1Api(clients[i % workers]).create_namespaced_job(ns, cast(Any, body))
+
+    try:
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(create, range(jobs)))
+        t_submitted = time.monotonic()
+        log(f"  submitted {jobs} jobs in {t_submitted - t0:.1f}s; waiting for admissions")
+        last_report = 0
+        deadline = time.monotonic() + max(WAIT_S, jobs * 2.0)
+        while len(seen) < jobs:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(seen)}/{jobs} admitted")
+            if len(seen) - last_report >= 100:
+                last_report = len(seen) // 100 * 100
+                log(f"  {len(seen)}/{jobs} admitted after {time.monotonic() - t0:.1f}s")
+            time.sleep(0.25)
+        stop.set()
+        times = sorted(seen.values())
+        burst_n = min(jobs, gpus_total)
+        result = {
+            "jobs": float(jobs),
+            "submit_s": t_submitted - t0,
+            "all_admitted_s": times[-1] - t0,
+            "rate": jobs / (times[-1] - t0),
+            "burst_n": float(burst_n),
+            "burst_rate": burst_n / max(times[burst_n - 1] - t0, 1e-3),
+        }
+    finally:
+        stop.set()
+        log(f"  cleaning up {ns} (jobs, pods, workloads) ...")
+        kc.delete_tenant_queue(api, ns, timeout_s=600)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=500, help="K jobs for the baseline")
+    parser.add_argument("--duration", type=int, default=1, help="seconds each job runs")
+    parser.add_argument("--workers", type=int, default=4, help="concurrent submitters")
+    args = parser.parse_args()
+
+    info = kc.ensure_cluster(log)
+    api = kc.api_client()
+    idle_rss = kc.data_plane_rss_mib()
+    for p in kc.process_health():
+        log(f"  idle rss {p.component:<26} {p.rss_mib:7.1f} MiB")
+    log(f"idle data plane rss: {idle_rss:.0f} MiB")
+
+    server = k8s().VersionApi(api).get_code().git_version
+    nodes = k8s().CoreV1Api(api).list_node(label_selector="kestrel.dev/pool=gpu").items
+    gpus = sum(int(n.status.allocatable.get("nvidia.com/gpu", "0")) for n in nodes)
+
+    log("quota checks:")
+    admitted_ok, held_ok = quota_checks(api)
+
+    log(f"baseline: {args.jobs} jobs x 1 GPU x {args.duration}s into a {gpus}-GPU ClusterQueue")
+    res = bench(api, args.jobs, args.duration, args.workers, gpus)
+    log(
+        f"  all {args.jobs} admitted {res['all_admitted_s']:.1f}s after the first submission "
+        f"(submission took {res['submit_s']:.1f}s): {res['rate']:.1f} admissions/s; "
+        f"first {int(res['burst_n'])} (the quota) at {res['burst_rate']:.1f}/s"
+    )
+    log(f"data plane rss after the baseline: {kc.data_plane_rss_mib():.0f} MiB")
+    log(
+        f"cluster: kubernetes={server} kueue={info.kueue_version} kwok={info.kwok_version} "
+        f"gpu_nodes={len(nodes)} gpus={gpus} "
+        f"admitted_within_quota={str(admitted_ok).lower()} held_over_quota={str(held_ok).lower()} "
+        f"kueue_admit_per_s={res['rate']:.1f} idle_rss_mib={idle_rss:.0f}"
+    )
+    return 0 if admitted_ok and held_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

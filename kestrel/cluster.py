@@ -1,0 +1,1022 @@
+"""The Kestrel data plane: a genuine local Kubernetes control plane with Kueue and KWOK.
+
+What runs (all local processes bound to 127.0.0.1, no containers):
+
+* etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the KWOK controller,
+  started by ``kwokctl create cluster --runtime binary`` from binaries that
+  ``cluster/build.sh`` built from the Go module registry at the versions pinned in
+  ``cluster/versions.env`` (cached as ``~/.cache/kestrel/bin/<name>-<version>``);
+* the Kueue manager (its CRDs applied from its own module), against that apiserver;
+* a SIMULATED GPU pool: KWOK nodes advertising ``nvidia.com/gpu`` in two flavors
+  (``cluster/manifests/nodes.yaml``) whose pods are played by KWOK Stages
+  (``cluster/manifests/kwok-stages.yaml``): a Job's pod runs for the duration in its
+  ``pod-complete.stage.kwok.x-k8s.io/delay`` annotation, then Succeeds.
+
+The apiserver, scheduler, controllers and Kueue quota are real; only the GPU nodes and
+what runs on them are simulated.
+
+Use from Python::
+
+    info = ensure_cluster()          # builds if needed, starts if not up, waits ready
+    client = api_client()            # kubernetes.client.ApiClient for info.kubeconfig
+
+or from the shell: ``python kestrel/cluster.py up|down|status|build|env``
+(``cluster/up``, ``cluster/down`` and ``cluster/status`` are thin wrappers).
+
+This module imports only the standard library at import time; ``kubernetes`` is
+imported by :func:`api_client` alone, so ``cluster/up`` works before the project venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+Progress = Callable[[str], None]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CLUSTER_SRC = REPO_ROOT / "cluster"
+MANIFESTS = CLUSTER_SRC / "manifests"
+CACHE_DIR = Path(os.environ.get("KESTREL_CACHE", str(Path.home() / ".cache" / "kestrel")))
+BIN_DIR = CACHE_DIR / "bin"
+STATE_DIR = Path(os.environ.get("KESTREL_CLUSTER_DIR", str(CACHE_DIR / "cluster")))
+CLUSTER_NAME = "kestrel"
+APISERVER_PORT = int(os.environ.get("KESTREL_APISERVER_PORT", "16443"))
+KUEUE_HEALTH_PORT = int(os.environ.get("KESTREL_KUEUE_HEALTH_PORT", "18081"))
+KUEUE_METRICS_PORT = int(os.environ.get("KESTREL_KUEUE_METRICS_PORT", "18443"))
+KUEUE_WEBHOOK_PORT = int(os.environ.get("KESTREL_KUEUE_WEBHOOK_PORT", "19443"))
+# Kueue v0.19 reads its metrics serving cert from this fixed path when its internal
+# cert management is off (cmd/kueue/main.go); we point it at our self-signed cert.
+KUEUE_METRICS_CERT_PATH = Path("/etc/kueue/metrics/certs")
+
+KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+GPU_FLAVORS = ("gpu-h100", "gpu-a10")
+EXAMPLE_CLUSTER_QUEUE = "tenant-example"
+SIMULATED_NODE_SELECTOR = "kestrel.dev/simulated=true"
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class ClusterError(RuntimeError):
+    """The data plane could not be built, started or reached."""
+
+
+# --------------------------------------------------------------------------- paths
+
+
+@dataclasses.dataclass(frozen=True)
+class Paths:
+    """Where the running cluster keeps its state, logs and kubeconfig."""
+
+    state: Path = STATE_DIR
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state / "kubeconfig"
+
+    @property
+    def logs(self) -> Path:
+        return self.state / "logs"
+
+    @property
+    def kwok_workdir(self) -> Path:
+        return self.state / "kwok"
+
+    @property
+    def kwok_cluster(self) -> Path:
+        return self.kwok_workdir / "clusters" / CLUSTER_NAME
+
+    @property
+    def kwok_logs(self) -> Path:
+        return self.kwok_cluster / "logs"
+
+    @property
+    def kueue_dir(self) -> Path:
+        return self.state / "kueue"
+
+    @property
+    def kueue_pidfile(self) -> Path:
+        return self.kueue_dir / "kueue.pid"
+
+    @property
+    def kueue_log(self) -> Path:
+        return self.logs / "kueue.log"
+
+    @property
+    def lock(self) -> Path:
+        return self.state / ".lock"
+
+
+PATHS = Paths()
+
+
+def read_versions(path: Path = CLUSTER_SRC / "versions.env") -> dict[str, str]:
+    """The pinned versions (``KEY=value`` lines of cluster/versions.env)."""
+    versions: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        versions[key.strip()] = value.strip().strip('"')
+    return versions
+
+
+def binary_paths(versions: dict[str, str] | None = None) -> dict[str, Path]:
+    """Cached binary path for every component, keyed by component name."""
+    v = versions or read_versions()
+    out = {name: BIN_DIR / f"{name}-{v['KUBE_VERSION']}" for name in KUBE_BINARIES}
+    out["kubelet"] = BIN_DIR / f"kubelet-{v['KUBE_VERSION']}"
+    out["etcd"] = BIN_DIR / f"etcd-{v['ETCD_VERSION']}"
+    out["kwok"] = BIN_DIR / f"kwok-{v['KWOK_VERSION']}"
+    out["kwokctl"] = BIN_DIR / f"kwokctl-{v['KWOK_VERSION']}"
+    out["kueue"] = BIN_DIR / f"kueue-{v['KUEUE_VERSION']}"
+    return out
+
+
+def kueue_crd_dir(versions: dict[str, str] | None = None) -> Path:
+    v = versions or read_versions()
+    return CACHE_DIR / f"kueue-crds-{v['KUEUE_VERSION']}"
+
+
+# --------------------------------------------------------------------------- info
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """A running data plane: where to reach it and what versions it runs."""
+
+    kubeconfig: Path
+    server: str
+    state_dir: Path
+    log_dir: Path
+    kwok_log_dir: Path
+    kubernetes_version: str
+    kueue_version: str
+    kwok_version: str
+    etcd_version: str
+
+    def env(self) -> dict[str, str]:
+        """Environment for tools that should talk to this cluster (KUBECONFIG)."""
+        return {"KUBECONFIG": str(self.kubeconfig)}
+
+
+def cluster_info(versions: dict[str, str] | None = None) -> ClusterInfo:
+    v = versions or read_versions()
+    return ClusterInfo(
+        kubeconfig=PATHS.kubeconfig,
+        server=f"https://127.0.0.1:{APISERVER_PORT}",
+        state_dir=PATHS.state,
+        log_dir=PATHS.logs,
+        kwok_log_dir=PATHS.kwok_logs,
+        kubernetes_version=v["KUBE_VERSION"],
+        kueue_version=v["KUEUE_VERSION"],
+        kwok_version=v["KWOK_VERSION"],
+        etcd_version=v["ETCD_VERSION"],
+    )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _wait_until(
+    what: str,
+    check: Callable[[], bool],
+    timeout_s: float,
+    progress: Progress | None = None,
+    interval_s: float = 0.25,
+    max_interval_s: float = 2.0,
+) -> None:
+    """Poll ``check`` (with backoff) until it is true; raise ClusterError on timeout."""
+    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    announced = False
+    while True:
+        if check():
+            if announced and progress:
+                progress(f"  {what}: ready after {time.monotonic() - started:.1f}s")
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        if not announced and progress and time.monotonic() - started > 2:
+            progress(f"  waiting for {what} ...")
+            announced = True
+        time.sleep(interval_s)
+        interval_s = min(interval_s * 1.5, max_interval_s)
+
+
+def _run(
+    cmd: Sequence[str | Path],
+    *,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float | None = 120,
+    input_text: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [str(c) for c in cmd],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=input_text,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise ClusterError(
+            f"command failed ({proc.returncode}): {' '.join(str(c) for c in cmd)}\n"
+            f"{proc.stdout[-4000:]}{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def kubectl(
+    *args: str, check: bool = True, timeout: float | None = 120, input_text: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the pinned kubectl against the cluster's kubeconfig."""
+    kubectl_bin = binary_paths()["kubectl"]
+    return _run(
+        [kubectl_bin, "--kubeconfig", str(PATHS.kubeconfig), *args],
+        check=check,
+        timeout=timeout,
+        input_text=input_text,
+    )
+
+
+def _kwok_env(bins: dict[str, Path], versions: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    nowhere = str(PATHS.state / "no-downloads")  # any default path kwokctl falls back to
+    env.update(
+        {
+            "KWOK_WORKDIR": str(PATHS.kwok_workdir),
+            "KWOK_RUNTIME": "binary",
+            "KWOK_KUBE_VERSION": versions["KUBE_VERSION"],
+            "KWOK_KUBE_APISERVER_BINARY": str(bins["kube-apiserver"]),
+            "KWOK_KUBE_CONTROLLER_MANAGER_BINARY": str(bins["kube-controller-manager"]),
+            "KWOK_KUBE_SCHEDULER_BINARY": str(bins["kube-scheduler"]),
+            "KWOK_KUBECTL_BINARY": str(bins["kubectl"]),
+            "KWOK_CONTROLLER_BINARY": str(bins["kwok"]),
+            "KWOK_ETCD_BINARY": str(bins["etcd"]),
+            "KWOK_ETCD_VERSION": versions["ETCD_VERSION"].lstrip("v"),
+            # Everything else kwokctl might fetch resolves to a local path that does
+            # not exist, and a dead proxy catches any http(s) URL: it never downloads.
+            "KWOK_KUBE_BINARY_PREFIX": nowhere,
+            "KWOK_BINARY_PREFIX": nowhere,
+            "KWOK_ETCD_BINARY_PREFIX": nowhere,
+            "HTTP_PROXY": "http://127.0.0.1:9",
+            "HTTPS_PROXY": "http://127.0.0.1:9",
+            "http_proxy": "http://127.0.0.1:9",
+            "https_proxy": "http://127.0.0.1:9",
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+        }
+    )
+    return env
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is not alive
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def _proc_cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [p.decode(errors="replace") for p in raw.split(b"\0") if p]
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+@contextlib.contextmanager
+def _state_lock() -> Iterator[None]:
+    """Serialise up/down across processes (parallel test sessions, CLI)."""
+    PATHS.state.mkdir(parents=True, exist_ok=True)
+    with open(PATHS.lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# --------------------------------------------------------------------------- build
+
+
+def missing_binaries(versions: dict[str, str] | None = None) -> list[str]:
+    """Components whose cached binary (or Kueue CRD directory) is absent."""
+    v = versions or read_versions()
+    bins = binary_paths(v)
+    missing = [name for name in bins if name != "kubelet" and not bins[name].exists()]
+    if not kueue_crd_dir(v).is_dir():
+        missing.append("kueue-crds")
+    return missing
+
+
+def build(progress: Progress = print, components: Sequence[str] = ()) -> None:
+    """Run cluster/build.sh (cold build of what is missing), streaming its progress."""
+    cmd = [str(CLUSTER_SRC / "build.sh"), *components]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip()
+        if line.startswith("go: added") or line.startswith("go: downloading"):
+            continue  # module bookkeeping; the package counter shows progress
+        progress(line)
+    if proc.wait() != 0:
+        raise ClusterError(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
+
+
+def ensure_binaries(progress: Progress = print) -> None:
+    v = read_versions()
+    missing = missing_binaries(v)
+    if missing:
+        progress(f"building missing components from the Go module registry: {missing}")
+        # kubelet is not needed to run the control plane; build it only on request.
+        build(progress, ["etcd", "kwok", "kueue", "kube"])
+        still = missing_binaries(v)
+        if still:
+            raise ClusterError(f"build finished but binaries are missing: {still}")
+
+
+# --------------------------------------------------------------------------- health
+
+
+def apiserver_ready() -> bool:
+    if not PATHS.kubeconfig.exists():
+        return False
+    try:
+        proc = kubectl("get", "--raw", "/readyz", check=False, timeout=10)
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+    return proc.returncode == 0 and proc.stdout.strip() == "ok"
+
+
+def kueue_pid() -> int | None:
+    """PID of our Kueue manager if it is running (checked against its cmdline)."""
+    try:
+        pid = int(PATHS.kueue_pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if not _pid_alive(pid):
+        return None
+    cmd = _proc_cmdline(pid)
+    if not cmd or "kueue" not in Path(cmd[0]).name:
+        return None
+    return pid
+
+
+def kueue_ready() -> bool:
+    url = f"http://127.0.0.1:{KUEUE_HEALTH_PORT}/readyz"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def kwok_cluster_exists() -> bool:
+    return (PATHS.kwok_cluster / "kwok.yaml").exists()
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessHealth:
+    component: str
+    pid: int | None
+    alive: bool
+    rss_mib: float
+
+
+def process_health() -> list[ProcessHealth]:
+    """The data plane processes (kwokctl pid files + Kueue) with their resident memory."""
+    out: list[ProcessHealth] = []
+    pid_dir = PATHS.kwok_cluster / "pids"
+    if pid_dir.is_dir():
+        for pidfile in sorted(pid_dir.glob("*.pid")):
+            try:
+                pid: int | None = int(pidfile.read_text().strip())
+            except (OSError, ValueError):
+                pid = None
+            alive = pid is not None and _pid_alive(pid)
+            rss = _rss_kib(pid) / 1024 if alive and pid is not None else 0.0
+            out.append(ProcessHealth(pidfile.stem, pid, alive, rss))
+    kpid = kueue_pid()
+    out.append(
+        ProcessHealth("kueue", kpid, kpid is not None, _rss_kib(kpid) / 1024 if kpid else 0.0)
+    )
+    return out
+
+
+def data_plane_rss_mib() -> float:
+    return sum(p.rss_mib for p in process_health() if p.alive)
+
+
+# --------------------------------------------------------------------------- up
+
+
+def _write_kueue_config() -> Path:
+    cfg_dir = PATHS.kueue_dir
+    cfg_dir.mkdir(parents=True, exist_ok=True)
+    certs = cfg_dir / "certs"
+    config = f"""\
+# Kueue manager configuration for the Kestrel data plane (generated by kestrel/cluster.py).
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+health:
+  healthProbeBindAddress: 127.0.0.1:{KUEUE_HEALTH_PORT}
+metrics:
+  bindAddress: 127.0.0.1:{KUEUE_METRICS_PORT}
+# The webhook server still starts (webhooks.Setup is unconditional) but no webhook
+# configuration is registered with the apiserver: Jobs are created suspended with the
+# kueue.x-k8s.io/queue-name label, so the mutating webhook is not needed.
+webhook:
+  host: 127.0.0.1
+  port: {KUEUE_WEBHOOK_PORT}
+  certDir: {certs}
+internalCertManagement:
+  enable: false
+leaderElection:
+  leaderElect: false
+manageJobsWithoutQueueName: false
+# The on-demand visibility API server is an aggregated apiserver that would bind
+# 0.0.0.0:8082 and need an APIService registration; not used here.
+featureGates:
+  VisibilityOnDemand: false
+controller:
+  groupKindConcurrency:
+    Job.batch: 5
+    Pod: 5
+    Workload.kueue.x-k8s.io: 10
+    LocalQueue.kueue.x-k8s.io: 5
+    Cohort.kueue.x-k8s.io: 1
+    ClusterQueue.kueue.x-k8s.io: 5
+    ResourceFlavor.kueue.x-k8s.io: 1
+clientConnection:
+  qps: 300
+  burst: 500
+integrations:
+  frameworks:
+  - "batch/job"
+"""
+    path = cfg_dir / "config.yaml"
+    path.write_text(config)
+    return path
+
+
+def _ensure_kueue_certs(progress: Progress) -> None:
+    """Self-signed serving cert for Kueue's webhook and metrics servers (openssl)."""
+    certs = PATHS.kueue_dir / "certs"
+    crt, key = certs / "tls.crt", certs / "tls.key"
+    if not (crt.exists() and key.exists()):
+        certs.mkdir(parents=True, exist_ok=True)
+        _run(
+            [
+                "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                "-keyout", str(key), "-out", str(crt), "-days", "3650",
+                "-subj", "/CN=kueue-kestrel-local",
+                "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            ]
+        )  # fmt: skip
+        progress(f"  generated self-signed Kueue serving cert in {certs}")
+    target = KUEUE_METRICS_CERT_PATH
+    if target.is_symlink() and target.resolve() == certs.resolve():
+        return
+    if target.exists() and not target.is_symlink():
+        if (target / "tls.crt").exists() and (target / "tls.key").exists():
+            return  # someone provided real certs there; use them
+        raise ClusterError(f"{target} exists and has no tls.crt/tls.key")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_symlink():
+            target.unlink()
+        target.symlink_to(certs)
+    except OSError as exc:
+        raise ClusterError(
+            f"Kueue {read_versions()['KUEUE_VERSION']} reads its metrics cert from {target} "
+            f"(hard-coded when internal cert management is off) and it could not be created: "
+            f"{exc}. Create it as root: ln -s {certs} {target}"
+        ) from exc
+    progress(f"  {target} -> {certs}")
+
+
+def _start_kueue(progress: Progress) -> None:
+    if kueue_pid() is not None:
+        return
+    bins = binary_paths()
+    config = _write_kueue_config()
+    _ensure_kueue_certs(progress)
+    PATHS.logs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["KUBECONFIG"] = str(PATHS.kubeconfig)
+    with open(PATHS.kueue_log, "ab") as log:
+        proc = subprocess.Popen(
+            [str(bins["kueue"]), f"--config={config}", "--zap-log-level=info"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(PATHS.kueue_dir),
+            start_new_session=True,
+        )
+    PATHS.kueue_pidfile.write_text(f"{proc.pid}\n")
+    progress(f"  kueue manager started (pid {proc.pid}), log {PATHS.kueue_log}")
+
+
+def _stop_kueue(progress: Progress) -> None:
+    pid = kueue_pid()
+    if pid is None:
+        PATHS.kueue_pidfile.unlink(missing_ok=True)
+        return
+    os.kill(pid, signal.SIGTERM)
+    with contextlib.suppress(ClusterError):
+        _wait_until("kueue to exit", lambda: not _pid_alive(pid), 20)
+    if _pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        _wait_until("kueue to be killed", lambda: not _pid_alive(pid), 10)
+    # reap it if it was our child (same Python process started it)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+    PATHS.kueue_pidfile.unlink(missing_ok=True)
+    progress(f"  kueue manager (pid {pid}) stopped")
+
+
+def _start_control_plane(progress: Progress, timeout_s: float) -> None:
+    versions = read_versions()
+    bins = binary_paths(versions)
+    env = _kwok_env(bins, versions)
+    kwokctl_bin = str(bins["kwokctl"])
+    PATHS.logs.mkdir(parents=True, exist_ok=True)
+    if kwok_cluster_exists():
+        if apiserver_ready():
+            return
+        progress("  kwokctl: starting existing cluster")
+        _run([kwokctl_bin, "start", "cluster", "--name", CLUSTER_NAME], env=env, timeout=timeout_s)
+    else:
+        progress(
+            "  kwokctl: creating cluster (etcd, kube-apiserver, kube-controller-manager, "
+            "kube-scheduler, kwok-controller as local processes)"
+        )
+        cmd = [
+            kwokctl_bin, "create", "cluster",
+            "--name", CLUSTER_NAME,
+            "--runtime", "binary",
+            "--config", str(MANIFESTS / "kwokctl.yaml"),
+            "--config", str(MANIFESTS / "kwok-stages.yaml"),
+            "--kube-apiserver-port", str(APISERVER_PORT),
+            "--kube-apiserver-binary", str(bins["kube-apiserver"]),
+            "--kube-controller-manager-binary", str(bins["kube-controller-manager"]),
+            "--kube-scheduler-binary", str(bins["kube-scheduler"]),
+            "--kwok-controller-binary", str(bins["kwok"]),
+            "--etcd-binary", str(bins["etcd"]),
+            "--kubeconfig", str(PATHS.kubeconfig),
+            "--timeout", f"{int(timeout_s)}s",
+        ]  # fmt: skip
+        proc = _run(cmd, env=env, check=False, timeout=timeout_s + 30)
+        (PATHS.logs / "kwokctl-create.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            raise ClusterError(
+                f"kwokctl create cluster failed ({proc.returncode}); see "
+                f"{PATHS.logs / 'kwokctl-create.log'}:\n{proc.stderr[-3000:]}"
+            )
+    _wait_until("kube-apiserver /readyz", apiserver_ready, timeout_s, progress)
+
+
+def _apply_kueue_crds(progress: Progress) -> None:
+    crds = kueue_crd_dir()
+    have = kubectl("get", "crd", "-o", "name", check=False).stdout
+    if "clusterqueues.kueue.x-k8s.io" not in have:
+        progress(f"  applying Kueue CRDs from {crds}")
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
+    kubectl("wait", "--for=condition=Established", "--timeout=120s", "-f", str(crds))
+
+
+def _objects_applied() -> None:
+    kubectl("apply", "-f", str(MANIFESTS / "nodes.yaml"))
+    kubectl("create", "namespace", "kueue-system", check=False)
+    kubectl("apply", "-f", str(MANIFESTS / "kueue-queues.yaml"))
+
+
+def _gpu_nodes_ready() -> bool:
+    proc = kubectl("get", "nodes", "-l", SIMULATED_NODE_SELECTOR, "-o", "json", check=False)
+    if proc.returncode != 0:
+        return False
+    items = json.loads(proc.stdout).get("items", [])
+    if not items:
+        return False
+    for node in items:
+        conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+        if conds.get("Ready") != "True":
+            return False
+    return True
+
+
+def _cluster_queue_active(name: str = EXAMPLE_CLUSTER_QUEUE) -> bool:
+    proc = kubectl("get", "clusterqueue", name, "-o", "json", check=False)
+    if proc.returncode != 0:
+        return False
+    conds = json.loads(proc.stdout).get("status", {}).get("conditions", [])
+    return any(c["type"] == "Active" and c["status"] == "True" for c in conds)
+
+
+def is_up() -> bool:
+    """True if every part of the data plane answers (no side effects)."""
+    return (
+        apiserver_ready()
+        and kueue_pid() is not None
+        and kueue_ready()
+        and _gpu_nodes_ready()
+        and _cluster_queue_active()
+    )
+
+
+def up(progress: Progress = print, timeout_s: float = DEFAULT_TIMEOUT_S) -> ClusterInfo:
+    """Start (or repair) the data plane; idempotent. Waits until it is ready."""
+    with _state_lock():
+        t0 = time.monotonic()
+        ensure_binaries(progress)
+        if is_up():
+            progress(f"cluster already up ({time.monotonic() - t0:.1f}s check)")
+            return cluster_info()
+        progress("starting the Kestrel data plane")
+        _start_control_plane(progress, timeout_s)
+        _apply_kueue_crds(progress)
+        _start_kueue(progress)
+        _wait_until("Kueue manager /readyz", _kueue_ready_or_dead, timeout_s, progress)
+        if kueue_pid() is None:
+            raise ClusterError(
+                f"Kueue manager exited; see {PATHS.kueue_log}:\n{_tail(PATHS.kueue_log)}"
+            )
+        _objects_applied()
+        _wait_until("KWOK GPU nodes Ready", _gpu_nodes_ready, timeout_s, progress)
+        _wait_until(
+            f"ClusterQueue {EXAMPLE_CLUSTER_QUEUE} Active",
+            _cluster_queue_active,
+            timeout_s,
+            progress,
+        )
+        progress(f"cluster up in {time.monotonic() - t0:.1f}s")
+        return cluster_info()
+
+
+def _kueue_ready_or_dead() -> bool:
+    return kueue_ready() or kueue_pid() is None
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def ensure_cluster(progress: Progress = print, timeout_s: float = DEFAULT_TIMEOUT_S) -> ClusterInfo:
+    """Make sure the data plane is up (building and starting it if needed); return its info."""
+    return up(progress, timeout_s)
+
+
+def down(progress: Progress = print) -> None:
+    """Stop Kueue and delete the kwokctl cluster (etcd data included). Idempotent."""
+    with _state_lock():
+        _stop_kueue(progress)
+        versions = read_versions()
+        bins = binary_paths(versions)
+        if kwok_cluster_exists() or PATHS.kwok_cluster.exists():
+            if bins["kwokctl"].exists():
+                proc = _run(
+                    [bins["kwokctl"], "delete", "cluster", "--name", CLUSTER_NAME,
+                     "--kubeconfig", str(PATHS.kubeconfig)],
+                    env=_kwok_env(bins, versions), check=False, timeout=120,
+                )  # fmt: skip
+                progress(f"  kwokctl delete cluster: exit {proc.returncode}")
+                if proc.returncode != 0:
+                    progress(proc.stderr[-2000:])
+            shutil.rmtree(PATHS.kwok_cluster, ignore_errors=True)
+        PATHS.kubeconfig.unlink(missing_ok=True)
+        progress("cluster down")
+
+
+def cluster_down(progress: Progress = print) -> None:
+    """Alias of :func:`down` for callers (tests, demo)."""
+    down(progress)
+
+
+def api_client() -> ApiClient:
+    """A ``kubernetes.client.ApiClient`` for the cluster's kubeconfig."""
+    from kubernetes import config as k8s_config
+
+    if not PATHS.kubeconfig.exists():
+        raise ClusterError(f"no kubeconfig at {PATHS.kubeconfig}; run ensure_cluster() first")
+    # kubernetes ships no type hints for this; pin the return type here.
+    new_client = cast(Callable[..., "ApiClient"], k8s_config.new_client_from_config)
+    return new_client(config_file=str(PATHS.kubeconfig))
+
+
+# --------------------------------------------------------------------------- workloads
+# Helpers shared by the e2e tests, bench/cluster_check.py and later services: build the
+# objects a tenant submits to Kueue and read Kueue's verdict back. They take a
+# kubernetes ApiClient (from api_client()) and import kubernetes lazily.
+
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+KWOK_DURATION_ANNOTATION = "pod-complete.stage.kwok.x-k8s.io/delay"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_API_VERSION = "v1beta2"
+
+
+def gpu_job_manifest(
+    name: str,
+    namespace: str,
+    queue: str,
+    *,
+    gpus: int = 1,
+    duration_s: int = 5,
+    parallelism: int = 1,
+    tolerate_all: bool = False,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A batch/v1 Job for Kueue: created suspended with the queue-name label; each pod
+    asks for ``gpus`` nvidia.com/gpu and (on a KWOK node) runs ``duration_s`` seconds."""
+    resources = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": str(gpus)}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [
+            {
+                "name": "work",
+                "image": "kestrel.dev/simulated-gpu-work:none",  # never pulled: KWOK pod
+                "resources": {"requests": resources, "limits": {"nvidia.com/gpu": str(gpus)}},
+            }
+        ],
+    }
+    if tolerate_all:
+        pod_spec["tolerations"] = [{"operator": "Exists"}]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {QUEUE_NAME_LABEL: queue, **(labels or {})},
+        },
+        "spec": {
+            "suspend": True,
+            "parallelism": parallelism,
+            "completions": parallelism,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": {KWOK_DURATION_ANNOTATION: f"{duration_s}s"}},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def tenant_queue_manifests(
+    name: str,
+    *,
+    gpu_quota: dict[str, int],
+    cohort: str | None = None,
+    cpu_per_gpu: int = 4,
+    memory_gib_per_gpu: int = 32,
+    local_queue: str = "gpu",
+) -> list[dict[str, Any]]:
+    """Namespace ``name`` + ClusterQueue ``name`` (quota per GPU flavor, in flavor order)
+    + LocalQueue ``local_queue`` in that namespace."""
+    flavors = [
+        {
+            "name": flavor,
+            "resources": [
+                {"name": "cpu", "nominalQuota": str(gpus * cpu_per_gpu)},
+                {"name": "memory", "nominalQuota": f"{gpus * memory_gib_per_gpu}Gi"},
+                {"name": "nvidia.com/gpu", "nominalQuota": str(gpus)},
+            ],
+        }
+        for flavor, gpus in gpu_quota.items()
+    ]
+    cq_spec: dict[str, Any] = {
+        "namespaceSelector": {"matchLabels": {"kestrel.dev/tenant": name}},
+        "queueingStrategy": "BestEffortFIFO",
+        "resourceGroups": [
+            {"coveredResources": ["cpu", "memory", "nvidia.com/gpu"], "flavors": flavors}
+        ],
+    }
+    if cohort:
+        cq_spec["cohortName"] = cohort
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"kestrel.dev/tenant": name}},
+        },
+        {
+            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_API_VERSION}",
+            "kind": "ClusterQueue",
+            "metadata": {"name": name},
+            "spec": cq_spec,
+        },
+        {
+            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_API_VERSION}",
+            "kind": "LocalQueue",
+            "metadata": {"name": local_queue, "namespace": name},
+            "spec": {"clusterQueue": name},
+        },
+    ]
+
+
+def create_tenant_queue(client: ApiClient, manifests: list[dict[str, Any]]) -> None:
+    """Create the objects from :func:`tenant_queue_manifests` and wait for the CQ Active."""
+    from kubernetes import client as k8s
+
+    core = k8s.CoreV1Api(client)
+    custom = k8s.CustomObjectsApi(client)
+    ns, cq, lq = manifests
+    ns_body: Any = ns  # the client accepts plain dicts for bodies
+    core.create_namespace(ns_body)
+    custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_API_VERSION, "clusterqueues", cq)
+    custom.create_namespaced_custom_object(
+        KUEUE_GROUP, KUEUE_API_VERSION, lq["metadata"]["namespace"], "localqueues", lq
+    )
+    name = cq["metadata"]["name"]
+
+    def active() -> bool:
+        obj = custom.get_cluster_custom_object(
+            KUEUE_GROUP, KUEUE_API_VERSION, "clusterqueues", name
+        )
+        return condition_true(cast(dict[str, Any], obj), "Active")
+
+    _wait_until(f"ClusterQueue {name} Active", active, 60)
+
+
+def delete_tenant_queue(client: ApiClient, name: str, timeout_s: float = 180) -> None:
+    """Delete namespace ``name`` (its Jobs, pods, Workloads, LocalQueue) and the CQ."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    core = k8s.CoreV1Api(client)
+    custom = k8s.CustomObjectsApi(client)
+    with contextlib.suppress(ApiException):
+        core.delete_namespace(name, propagation_policy="Background")
+
+    def ns_gone() -> bool:
+        try:
+            core.read_namespace(name)
+        except ApiException as exc:
+            return bool(exc.status == 404)
+        return False
+
+    _wait_until(f"namespace {name} deleted", ns_gone, timeout_s)
+    with contextlib.suppress(ApiException):
+        custom.delete_cluster_custom_object(KUEUE_GROUP, KUEUE_API_VERSION, "clusterqueues", name)
+
+
+def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    for cond in obj.get("status", {}).get("conditions", []) or []:
+        if cond.get("type") == ctype:
+            return dict(cond)
+    return None
+
+
+def condition_true(obj: dict[str, Any], ctype: str) -> bool:
+    cond = condition(obj, ctype)
+    return cond is not None and cond.get("status") == "True"
+
+
+def workloads_by_job_uid(client: ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
+    """Kueue Workloads in ``namespace`` keyed by the uid of the Job that owns them."""
+    from kubernetes import client as k8s
+
+    custom = k8s.CustomObjectsApi(client)
+    listing = cast(
+        dict[str, Any],
+        custom.list_namespaced_custom_object(
+            KUEUE_GROUP, KUEUE_API_VERSION, namespace, "workloads"
+        ),
+    )
+    items: list[dict[str, Any]] = listing["items"]
+    out: dict[str, dict[str, Any]] = {}
+    for wl in items:
+        for ref in wl["metadata"].get("ownerReferences", []) or []:
+            if ref.get("kind") == "Job":
+                out[ref["uid"]] = wl
+    return out
+
+
+# --------------------------------------------------------------------------- status
+
+
+def server_version() -> str | None:
+    proc = kubectl("version", "-o", "json", check=False, timeout=10)
+    if proc.returncode != 0:
+        return None
+    data: dict[str, Any] = json.loads(proc.stdout)
+    server = data.get("serverVersion") or {}
+    version = server.get("gitVersion")
+    return str(version) if version else None
+
+
+def status(progress: Progress = print) -> bool:
+    """Print versions, processes, nodes and queues. Returns True if everything is up."""
+    v = read_versions()
+    info = cluster_info(v)
+    progress(
+        f"pinned: kubernetes={v['KUBE_VERSION']} etcd={v['ETCD_VERSION']} "
+        f"kwok={v['KWOK_VERSION']} kueue={v['KUEUE_VERSION']}"
+    )
+    missing = missing_binaries(v)
+    progress(f"binaries: {BIN_DIR} ({'all built' if not missing else f'missing {missing}'})")
+    progress(f"state:      {info.state_dir}")
+    progress(f"kubeconfig: {info.kubeconfig}")
+    progress(f"logs:       {info.log_dir} (kueue.log), {info.kwok_log_dir} (control plane)")
+    progress("processes:")
+    procs = process_health()
+    for p in procs:
+        state = "running" if p.alive else "DOWN"
+        progress(f"  {p.component:<26} pid={p.pid!s:<8} {state:<8} rss={p.rss_mib:7.1f} MiB")
+    progress(f"  total rss: {sum(p.rss_mib for p in procs if p.alive):.0f} MiB")
+    if not apiserver_ready():
+        progress("apiserver: NOT READY")
+        return False
+    progress(f"apiserver: {info.server} ready, serverVersion={server_version()}")
+    progress(f"kueue: {'ready' if kueue_ready() else 'NOT READY'} (health :{KUEUE_HEALTH_PORT})")
+    progress(kubectl("get", "nodes", "-L", "kestrel.dev/flavor,nvidia.com/gpu.count",
+                     check=False).stdout.rstrip())  # fmt: skip
+    progress(kubectl("get", "resourceflavors,cohorts,clusterqueues,localqueues", "-A",
+                     check=False).stdout.rstrip())  # fmt: skip
+    wl = kubectl("get", "workloads", "-A", "--no-headers", check=False).stdout.strip()
+    progress(f"workloads: {len(wl.splitlines()) if wl else 0}")
+    return is_up()
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kestrel.cluster", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("up", help="build if needed, start, wait until ready (idempotent)")
+    sub.add_parser("down", help="stop Kueue and delete the cluster")
+    sub.add_parser("status", help="versions, processes, nodes, queues")
+    b = sub.add_parser("build", help="build missing binaries (cluster/build.sh)")
+    b.add_argument("components", nargs="*")
+    sub.add_parser("env", help="print KUBECONFIG=... for eval")
+    args = parser.parse_args(argv)
+
+    def say(msg: str) -> None:
+        print(msg, flush=True)
+
+    try:
+        if args.cmd == "up":
+            info = up(say)
+            say(f"kubeconfig: {info.kubeconfig}")
+            say(f"logs:       {info.log_dir} (kueue.log), {info.kwok_log_dir} (control plane)")
+            kubectl_bin = binary_paths()["kubectl"]
+            say(f"try:        KUBECONFIG={info.kubeconfig} {kubectl_bin} get cq,lq,workloads -A")
+        elif args.cmd == "down":
+            down(say)
+        elif args.cmd == "status":
+            return 0 if status(say) else 1
+        elif args.cmd == "build":
+            build(say, args.components)
+        elif args.cmd == "env":
+            say(f"export KUBECONFIG={PATHS.kubeconfig}")
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
