@@ -1,0 +1,1 @@
+"""Kestrel services, one subpackage each."""

@@ -1,0 +1,1 @@
+"""The meter: append-only usage ledger, tick metering and live runway."""

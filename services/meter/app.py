@@ -1,0 +1,148 @@
+"""Wiring of the meter process: connections, core, transports, lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from decimal import Decimal
+
+from prometheus_client import CollectorRegistry
+
+from kestrel import bus
+from kestrel.config import Endpoints, env_float, env_int, env_str
+from kestrel.db import create_pool
+from kestrel.grpcserver import Server
+from kestrel.money import parse_amount
+from kestrel.service import serve_metrics
+from kestrel.v1 import meter_pb2, meter_pb2_grpc
+from services.meter.consumer import DURABLE, STREAM, WorkloadConsumer
+from services.meter.core import Meter, MeterSettings
+from services.meter.domain import Reason, RunwayFigures
+from services.meter.metrics import MeterMetrics
+from services.meter.servicer import MeterServicer
+from services.meter.store import MeterStore
+from services.meter.wire import runway_changed
+
+log = logging.getLogger("kestrel.meter")
+
+# Credits per GPU-second (H100 3.60/h, A10 1.08/h), applied only to flavors
+# without a price row yet; operators change prices with SetPrice.
+DEFAULT_PRICES = "gpu-h100=0.001,gpu-a10=0.0003"
+
+
+@dataclass(frozen=True)
+class MeterConfig:
+    endpoints: Endpoints
+    host: str
+    grpc_port: int
+    metrics_port: int
+    settings: MeterSettings
+    batch: int
+    default_prices: dict[str, Decimal]
+
+    @classmethod
+    def from_env(cls) -> MeterConfig:
+        prices = {}
+        for item in env_str("KESTREL_PRICES", DEFAULT_PRICES).split(","):
+            if item.strip():
+                flavor, _, value = item.partition("=")
+                prices[flavor.strip()] = parse_amount(value, positive=False)
+        return cls(
+            endpoints=Endpoints.from_env(),
+            host=env_str("KESTREL_BIND_HOST", "127.0.0.1"),
+            grpc_port=env_int("KESTREL_METER_PORT", 50053),
+            metrics_port=env_int("KESTREL_METER_METRICS_PORT", 9153),
+            settings=MeterSettings(
+                tick_s=env_float("KESTREL_METER_TICK_S", 1.0),
+                settle_us=env_int("KESTREL_METER_SETTLE_US", 200_000),
+                material_bp=env_int("KESTREL_METER_MATERIAL_BP", 100)),
+            batch=env_int("KESTREL_METER_BATCH", 1000),
+            default_prices=prices,
+        )
+
+
+async def _tick_loop(meter: Meter, tick_s: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=tick_s)
+        if stop.is_set():
+            return
+        try:
+            await meter.tick()
+        except Exception:
+            log.exception("tick failed; the next tick cuts the same time")
+
+
+async def _lag_loop(js: bus.JetStreamContext, metrics: MeterMetrics, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            info = await js.consumer_info(STREAM, DURABLE)
+            metrics.consumer_lag.set(info.num_pending + info.num_ack_pending)
+        except Exception as exc:
+            log.debug("consumer info: %s", exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=2.0)
+
+
+async def run(config: MeterConfig, stop: asyncio.Event) -> None:
+    pool = await create_pool(config.endpoints.postgres_dsn, max_size=6)
+    nc = await bus.connect(config.endpoints.nats_url, "meter")
+    js = nc.jetstream()
+    await bus.retry_forever("ensure streams", lambda: bus.ensure_streams(js))
+    store = MeterStore(pool)
+    registry = CollectorRegistry()
+
+    async def publish(fig: RunwayFigures, reason: Reason, committed_us: int) -> None:
+        msg = runway_changed(fig, reason, committed_us)
+        try:
+            await bus.publish(js, bus.subject_runway(fig.tenant), msg,
+                              f"runway-{fig.tenant}-{committed_us}-{fig.ledger_seq}")
+        except Exception as exc:  # the next change or a restart republishes
+            log.warning("runway publish for %s failed: %s", fig.tenant, exc)
+
+    meter = Meter(store, publish, config.settings)
+    metrics = MeterMetrics(meter, registry)
+    meter.observe_write = metrics.write_latency.observe
+    await meter.start()
+    for flavor, price in config.default_prices.items():
+        if flavor not in meter.prices:
+            await meter.set_price(flavor, price)
+
+    server = Server(config.host, config.grpc_port,
+                    [meter_pb2.DESCRIPTOR.services_by_name["Meter"].full_name])
+    meter_pb2_grpc.add_MeterServicer_to_server(MeterServicer(meter), server.server)
+    await server.start()
+    http = serve_metrics(registry, config.host, config.metrics_port)
+    consumer = WorkloadConsumer(js, meter, batch=config.batch, on_bad=metrics.bad_events.inc)
+    consumer_task = asyncio.create_task(consumer.run(), name="consumer")
+    tick_task = asyncio.create_task(_tick_loop(meter, config.settings.tick_s, stop), name="tick")
+    lag_task = asyncio.create_task(_lag_loop(js, metrics, stop), name="lag")
+    log.info("meter serving gRPC on %s, metrics on %s:%d", server.address, config.host,
+             config.metrics_port)
+    try:
+        done, _ = await asyncio.wait(
+            [asyncio.create_task(stop.wait()), consumer_task, tick_task],
+            return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            if t is not None and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+    finally:
+        log.info("draining: finishing the current batch, then closing")
+        stop.set()
+        consumer.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(consumer_task, timeout=10)
+        for t in (tick_task, lag_task):
+            t.cancel()
+        await server.stop(grace_s=3)
+        if http is not None:
+            http[0].shutdown()
+        # Every fetched message was acknowledged or left for redelivery: close, not
+        # drain (a drain waits out pull subscriptions' pending requests).
+        with contextlib.suppress(Exception):
+            await nc.flush(timeout=2)
+            await nc.close()
+        await pool.close()
+        log.info("stopped")

@@ -1,0 +1,198 @@
+"""The meter's cycle: one writer, explicit steps.
+
+Every change goes the same way (after Armada's scheduler cycle): take the
+write lock, decide with the pure domain, commit in one transaction, advance
+the projection by exactly what was committed, then publish runway changes.
+The caller acknowledges bus messages only after `ingest` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+from kestrel.clock import Clock, now_us
+from kestrel.errors import NotFound
+from services.meter.domain import Event, Reason, RunwayFigures, publish_reason
+from services.meter.projection import Projection
+from services.meter.store import MeterStore
+
+log = logging.getLogger("kestrel.meter")
+
+Publisher = Callable[[RunwayFigures, Reason, int], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class MeterSettings:
+    tick_s: float = 1.0
+    # Ticks cut open allocations up to now - settle, so that a finish event
+    # (stamped by Kubernetes, delivered a little later) rarely needs a reversal.
+    settle_us: int = 200_000
+    # A tick publishes when remaining moved by this many basis points of credits.
+    material_bp: int = 100
+
+
+@dataclass
+class MeterStats:
+    events: int = 0
+    duplicates: int = 0
+    rows: int = 0
+    batches: int = 0
+    ticks: int = 0
+    write_seconds: list[float] | None = None
+
+
+class Meter:
+    def __init__(self, store: MeterStore, publish: Publisher, settings: MeterSettings,
+                 clock: Clock = now_us,
+                 observe_write: Callable[[float], None] = lambda s: None) -> None:
+        self.store = store
+        self.publish = publish
+        self.settings = settings
+        self.clock = clock
+        self.observe_write = observe_write
+        self.lock = asyncio.Lock()
+        self.projection = Projection()
+        self.prices: dict[str, tuple[Decimal, int]] = {}
+        self.stats = MeterStats()
+
+    async def start(self) -> None:
+        """Load state from the tables and publish every tenant's figure once."""
+        await self.store.migrate()
+        async with self.lock:
+            self.prices = await self.store.prices()
+            totals = await self.store.totals()
+            self.projection = Projection.load(totals, await self.store.open_allocations())
+            await self._refresh_reserved(list(self.projection.accounts))
+            await self._publish(list(self.projection.accounts), Reason.STARTUP, force=True)
+
+    def price_table(self) -> dict[str, Decimal]:
+        return {f: p for f, (p, _) in self.prices.items()}
+
+    # --- the cycle -----------------------------------------------------------
+
+    async def ingest(self, events: Sequence[Event]) -> int:
+        """Meter a batch of events; returns how many were new. Idempotent."""
+        if not events:
+            return 0
+        async with self.lock:
+            t0 = time.perf_counter()
+            result = await self.store.apply_batch(events, self.price_table(), self.clock())
+            self.observe_write(time.perf_counter() - t0)
+            self.projection.add_rows(result.rows)
+            self.projection.set_allocations(result.outcome.allocations.values())
+            self.stats.events += result.new_events
+            self.stats.duplicates += len(events) - result.new_events
+            self.stats.rows += len(result.rows)
+            self.stats.batches += 1
+            touched = {a.tenant for a in result.outcome.allocations.values()}
+            hints: dict[str, Reason] = {}
+            for wid in result.outcome.closed:
+                hints[result.outcome.allocations[wid].tenant] = Reason.ALLOCATION_CLOSED
+            for wid in result.outcome.opened:
+                hints[result.outcome.allocations[wid].tenant] = Reason.ALLOCATION_OPENED
+            if touched:
+                await self._refresh_reserved(sorted(touched))
+                await self._publish_each(sorted(touched), hints)
+            return result.new_events
+
+    async def tick(self) -> int:
+        """Cut open allocations into rows up to now - settle; returns rows written."""
+        async with self.lock:
+            now = self.clock()
+            cut_to = now - self.settings.settle_us
+            opened = self.projection.open_allocations()
+            if not opened:
+                return 0
+            t0 = time.perf_counter()
+            outcome, rows = await self.store.apply_tick(opened, cut_to, f"tick-{cut_to}", now)
+            self.observe_write(time.perf_counter() - t0)
+            self.projection.add_rows(rows)
+            self.projection.set_allocations(outcome.allocations.values())
+            self.stats.rows += len(rows)
+            self.stats.ticks += 1
+            tenants = sorted({r.row.tenant for r in rows})
+            if tenants:
+                await self._refresh_reserved(tenants)
+                await self._publish_each(tenants, {})
+            return len(rows)
+
+    async def top_up(self, tenant: str, amount: Decimal, top_up_id: str,
+                     note: str) -> tuple[RunwayFigures, bool]:
+        async with self.lock:
+            if tenant not in self.projection.accounts and not await self.store.tenant_exists(
+                    tenant):
+                raise NotFound(f"tenant {tenant!r} has no account")
+            applied = await self.store.top_up(tenant, amount, top_up_id, note, self.clock())
+            if applied:
+                self.projection.add_credits(tenant, amount)
+                await self._refresh_reserved([tenant])
+                await self._publish([tenant], Reason.TOP_UP, force=True)
+            return self.projection.figures(tenant, self.clock()), applied
+
+    async def create_account(self, tenant: str) -> bool:
+        async with self.lock:
+            created = await self.store.ensure_tenant(tenant, self.clock())
+            self.projection.account(tenant)
+            if created:
+                await self._publish([tenant], Reason.STARTUP, force=True)
+            return created
+
+    async def set_price(self, flavor: str, price: Decimal) -> tuple[Decimal, int]:
+        async with self.lock:
+            now = self.clock()
+            await self.store.set_price(flavor, price, now)
+            self.prices[flavor] = (price, now)
+            return price, now
+
+    async def runway(self, tenant: str) -> RunwayFigures:
+        async with self.lock:
+            if tenant not in self.projection.accounts:
+                raise NotFound(f"tenant {tenant!r} has no account")
+            await self._refresh_reserved([tenant])
+            return self.projection.figures(tenant, self.clock())
+
+    async def reservation_changed(self, tenants: Iterable[str]) -> None:
+        """Admission wrote or released a hold: re-read it and publish."""
+        async with self.lock:
+            known = sorted(t for t in tenants if t in self.projection.accounts)
+            await self._refresh_reserved(known)
+            await self._publish(known, Reason.RESERVATION, force=True)
+
+    # --- helpers (lock held) -------------------------------------------------
+
+    async def _refresh_reserved(self, tenants: list[str]) -> None:
+        if not tenants:
+            return
+        for tenant, held in (await self.store.reserved(tenants)).items():
+            self.projection.account(tenant).reserved = held
+
+    async def _publish_each(self, tenants: list[str], hints: dict[str, Reason]) -> None:
+        now = self.clock()
+        sends = []
+        for t in tenants:
+            acc = self.projection.account(t)
+            fig = self.projection.figures(t, now)
+            reason = publish_reason(acc.published, fig, hints.get(t), self.settings.material_bp)
+            if reason is not None:
+                acc.published = fig
+                sends.append(self.publish(fig, reason, now))
+        if sends:
+            await asyncio.gather(*sends)
+
+    async def _publish(self, tenants: list[str], reason: Reason, *, force: bool) -> None:
+        now = self.clock()
+        sends = []
+        for t in tenants:
+            acc = self.projection.account(t)
+            fig = self.projection.figures(t, now)
+            why = reason if force else publish_reason(acc.published, fig, reason)
+            if why is not None:
+                acc.published = fig
+                sends.append(self.publish(fig, why, now))
+        if sends:
+            await asyncio.gather(*sends)

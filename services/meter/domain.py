@@ -1,0 +1,300 @@
+"""The meter's decisions, as pure functions over frozen data.
+
+An *allocation* is `gpus` GPUs of one flavor held by one workload from Kueue
+admission (start) to finish or eviction (end). It is metered into ledger rows:
+ticks cut the open part into rows as time passes; the close writes the last
+piece. If a tick had already cut beyond the real end (the finish event arrived
+late), the close writes a *reversal* row, negative, over exactly the excess.
+The rows of one allocation therefore always sum to gpus x (end - start).
+
+Events may arrive twice or out of order: a repeated event id is dropped by the
+store before it gets here; a close before the start is remembered (PENDING)
+and settled when the start arrives; a second close of a different id is
+ignored (the first close wins).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal
+
+from kestrel.money import ZERO, row_cost
+
+
+class AllocStatus(enum.IntEnum):
+    OPEN = 1
+    CLOSED = 2
+    # A close arrived before the admission: end known, start not yet.
+    PENDING = 3
+
+
+class EventType(enum.IntEnum):
+    # Values match kestrel.v1.WorkloadEventType.
+    ADMITTED = 1
+    STARTED = 2
+    FINISHED = 3
+    EVICTED = 4
+    FAILED = 5
+
+    @property
+    def closes(self) -> bool:
+        return self in (EventType.FINISHED, EventType.EVICTED, EventType.FAILED)
+
+
+class RowKind(enum.StrEnum):
+    USAGE = "usage"
+    REVERSAL = "reversal"
+
+
+@dataclass(frozen=True)
+class Event:
+    event_id: str
+    tenant: str
+    workload_id: str
+    kind: int
+    type: EventType
+    time_us: int
+    flavor: str
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Allocation:
+    workload_id: str
+    tenant: str
+    kind: int
+    flavor: str
+    gpus: int
+    price: Decimal
+    status: AllocStatus
+    start_us: int | None
+    metered_until_us: int | None
+    end_us: int | None
+
+
+@dataclass(frozen=True)
+class Row:
+    tenant: str
+    workload_id: str
+    flavor: str
+    gpus: int
+    start_us: int
+    end_us: int
+    price: Decimal
+    cause_id: str
+    kind: RowKind
+
+    @property
+    def gpu_us(self) -> int:
+        span = self.gpus * (self.end_us - self.start_us)
+        return -span if self.kind is RowKind.REVERSAL else span
+
+    @property
+    def cost(self) -> Decimal:
+        return row_cost(self.gpu_us, self.price)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What applying events or a tick decided: new allocation states and rows."""
+
+    allocations: dict[str, Allocation]
+    rows: list[Row]
+    opened: frozenset[str]
+    closed: frozenset[str]
+
+
+def _close_rows(a: Allocation, end_us: int, cause_id: str) -> list[Row]:
+    """Rows that settle an open allocation whose rows reach metered_until at end_us."""
+    assert a.metered_until_us is not None
+    done = a.metered_until_us
+    if end_us > done:
+        return [Row(a.tenant, a.workload_id, a.flavor, a.gpus, done, end_us, a.price,
+                    cause_id, RowKind.USAGE)]
+    if end_us < done:
+        return [Row(a.tenant, a.workload_id, a.flavor, a.gpus, end_us, done, a.price,
+                    cause_id, RowKind.REVERSAL)]
+    return []
+
+
+def apply_events(current: Mapping[str, Allocation], events: Iterable[Event],
+                 prices: Mapping[str, Decimal]) -> Outcome:
+    """Apply new (already de-duplicated) events in arrival order.
+
+    `current` holds the stored state of the workloads the events name (absent
+    means never seen). Prices are looked up once, when an allocation is first
+    seen, and then fixed for its life (the reservation was priced the same way).
+    """
+    state: dict[str, Allocation] = {}
+    rows: list[Row] = []
+    opened: set[str] = set()
+    closed: set[str] = set()
+
+    def price_of(flavor: str) -> Decimal:
+        return prices.get(flavor, ZERO)
+
+    for ev in events:
+        a = state.get(ev.workload_id) or current.get(ev.workload_id)
+        if ev.type is EventType.ADMITTED:
+            if a is None:
+                state[ev.workload_id] = Allocation(
+                    ev.workload_id, ev.tenant, ev.kind, ev.flavor, ev.gpus, price_of(ev.flavor),
+                    AllocStatus.OPEN, ev.time_us, ev.time_us, None)
+                opened.add(ev.workload_id)
+            elif a.status is AllocStatus.PENDING:
+                assert a.end_us is not None
+                end = max(a.end_us, ev.time_us)
+                settled = replace(a, start_us=ev.time_us, metered_until_us=ev.time_us,
+                                  flavor=ev.flavor or a.flavor, gpus=ev.gpus or a.gpus,
+                                  price=price_of(ev.flavor or a.flavor))
+                rows += _close_rows(settled, end, ev.event_id)
+                state[ev.workload_id] = replace(settled, status=AllocStatus.CLOSED,
+                                                metered_until_us=end, end_us=end)
+                closed.add(ev.workload_id)
+            # OPEN or CLOSED already: a second admission under another id changes nothing.
+        elif ev.type.closes:
+            if a is None:
+                state[ev.workload_id] = Allocation(
+                    ev.workload_id, ev.tenant, ev.kind, ev.flavor, ev.gpus, price_of(ev.flavor),
+                    AllocStatus.PENDING, None, None, ev.time_us)
+            elif a.status is AllocStatus.OPEN:
+                assert a.start_us is not None
+                end = max(ev.time_us, a.start_us)
+                rows += _close_rows(a, end, ev.event_id)
+                state[ev.workload_id] = replace(a, status=AllocStatus.CLOSED,
+                                                metered_until_us=end, end_us=end)
+                closed.add(ev.workload_id)
+            # PENDING or CLOSED: the first close wins.
+        # STARTED is informational: metering runs from Kueue admission.
+    return Outcome(state, rows, frozenset(opened - closed), frozenset(closed))
+
+
+def tick(open_allocations: Iterable[Allocation], cut_to_us: int, tick_id: str) -> Outcome:
+    """Cut every open allocation's unmetered time up to cut_to_us into one row each."""
+    state: dict[str, Allocation] = {}
+    rows: list[Row] = []
+    for a in open_allocations:
+        if a.status is not AllocStatus.OPEN or a.metered_until_us is None:
+            continue
+        if cut_to_us <= a.metered_until_us:
+            continue
+        rows.append(Row(a.tenant, a.workload_id, a.flavor, a.gpus, a.metered_until_us,
+                        cut_to_us, a.price, f"{tick_id}/{a.workload_id}", RowKind.USAGE))
+        state[a.workload_id] = replace(a, metered_until_us=cut_to_us)
+    return Outcome(state, rows, frozenset(), frozenset())
+
+
+# --- runway -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunwayFigures:
+    tenant: str
+    credits: Decimal
+    charged: Decimal
+    reserved: Decimal
+    burn_per_s: Decimal
+    running_gpus: int
+    as_of_us: int
+    ledger_seq: int
+
+    @property
+    def remaining(self) -> Decimal:
+        return self.credits - self.charged - self.reserved
+
+    @property
+    def unlimited(self) -> bool:
+        return self.burn_per_s == 0
+
+    @property
+    def runway_s(self) -> float:
+        if self.unlimited:
+            return float("inf")
+        if self.remaining <= 0:
+            return 0.0
+        return float(self.remaining / self.burn_per_s)
+
+    @property
+    def remaining_bp(self) -> int:
+        """remaining / credits in basis points, clamped to [0, 10000]."""
+        if self.credits <= 0:
+            return 0
+        bp = int((self.remaining * 10_000) // self.credits)
+        return max(0, min(10_000, bp))
+
+
+def burn_per_s(open_allocations: Iterable[Allocation]) -> tuple[Decimal, int]:
+    burn = ZERO
+    gpus = 0
+    for a in open_allocations:
+        if a.status is AllocStatus.OPEN:
+            burn += a.price * a.gpus
+            gpus += a.gpus
+    return burn, gpus
+
+
+class Band(enum.IntEnum):
+    """Budget bands; crossing into a worse band always publishes."""
+
+    ABOVE_50 = 0
+    BELOW_50 = 1
+    BELOW_10 = 2
+    EXHAUSTED = 3
+
+
+def band(f: RunwayFigures) -> Band:
+    if f.remaining <= 0:
+        return Band.EXHAUSTED
+    bp = f.remaining_bp
+    if bp < 1_000:
+        return Band.BELOW_10
+    if bp < 5_000:
+        return Band.BELOW_50
+    return Band.ABOVE_50
+
+
+class Reason(enum.IntEnum):
+    # Values match kestrel.v1.RunwayChangeReason.
+    TOP_UP = 1
+    ALLOCATION_OPENED = 2
+    ALLOCATION_CLOSED = 3
+    TICK = 4
+    THRESHOLD_50 = 5
+    THRESHOLD_10 = 6
+    EXHAUSTED = 7
+    RESERVATION = 8
+    STARTUP = 9
+
+
+_BAND_REASON = {Band.BELOW_50: Reason.THRESHOLD_50, Band.BELOW_10: Reason.THRESHOLD_10,
+                Band.EXHAUSTED: Reason.EXHAUSTED}
+
+
+def publish_reason(previous: RunwayFigures | None, new: RunwayFigures,
+                   hint: Reason | None, material_bp: int = 100) -> Reason | None:
+    """Whether a new figure is worth publishing, and why.
+
+    Always: the first figure, a threshold crossed downwards (50%, 10%, 0),
+    a top-up, an allocation opened/closed, a reservation change. Otherwise
+    (ticks) only when remaining moved by at least `material_bp` of credits.
+    """
+    if previous is None:
+        return hint or Reason.STARTUP
+    old_band, new_band = band(previous), band(new)
+    if new_band > old_band:
+        return _BAND_REASON[new_band]
+    if hint is not None and hint is not Reason.TICK:
+        return hint
+    if new.credits > 0:
+        moved = abs(new.remaining - previous.remaining) * 10_000 / new.credits
+        if moved >= material_bp:
+            return Reason.TICK
+    elif new.remaining != previous.remaining:
+        return Reason.TICK
+    return None
+
+
+def sum_gpu_us(rows: Sequence[Row]) -> int:
+    return sum(r.gpu_us for r in rows)

@@ -1,0 +1,247 @@
+"""The meter's Postgres adapter: the only code that touches its tables.
+
+Each method is one transaction; batch methods use one round trip per
+statement over arrays (unnest) instead of one per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import asyncpg
+
+from kestrel.db import migrate
+from kestrel.money import ZERO
+from services.meter.domain import (
+    Allocation,
+    AllocStatus,
+    Event,
+    EventType,
+    Outcome,
+    Row,
+    RowKind,
+    apply_events,
+    tick,
+)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+_ALLOC_COLS = ("workload_id, tenant, kind, flavor, gpus, price, status, start_us, "
+               "metered_until_us, end_us")
+
+
+def _alloc(r: asyncpg.Record) -> Allocation:
+    return Allocation(r["workload_id"], r["tenant"], r["kind"], r["flavor"], r["gpus"],
+                      r["price"], AllocStatus(r["status"]), r["start_us"],
+                      r["metered_until_us"], r["end_us"])
+
+
+@dataclass(frozen=True)
+class CommittedRow:
+    row_id: int
+    row: Row
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    new_events: int
+    outcome: Outcome
+    rows: list[CommittedRow]
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Sums straight from the tables, per tenant (for start-up and checks)."""
+
+    credits: dict[str, Decimal]
+    top_ups: dict[str, int]
+    usage: dict[tuple[str, str], tuple[int, Decimal, int]]  # (tenant, flavor) -> gpu_us, cost, rows
+    ledger_seq: int
+    tenants: list[str]
+
+
+@dataclass(frozen=True)
+class UsagePage:
+    rows: list[tuple[int, Row, int]]  # row_id, row, recorded_us
+    next_after: int | None
+
+
+class MeterStore:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def migrate(self) -> list[str]:
+        async with self.pool.acquire() as conn:
+            return await migrate(conn, "meter", MIGRATIONS)
+
+    # --- reads ---------------------------------------------------------------
+
+    async def prices(self) -> dict[str, tuple[Decimal, int]]:
+        rows = await self.pool.fetch("""
+            SELECT DISTINCT ON (flavor) flavor, price_per_gpu_s, effective_us
+            FROM prices ORDER BY flavor, effective_us DESC, price_id DESC""")
+        return {r["flavor"]: (r["price_per_gpu_s"], r["effective_us"]) for r in rows}
+
+    async def open_allocations(self) -> list[Allocation]:
+        rows = await self.pool.fetch(
+            f"SELECT {_ALLOC_COLS} FROM allocations WHERE status = $1", AllocStatus.OPEN.value)
+        return [_alloc(r) for r in rows]
+
+    async def totals(self) -> Totals:
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
+            tenants = [r["tenant"] for r in await conn.fetch(
+                "SELECT tenant FROM tenants ORDER BY tenant")]
+            credits = {r["tenant"]: (r["s"], r["n"]) for r in await conn.fetch(
+                "SELECT tenant, sum(amount) s, count(*) n FROM credits GROUP BY tenant")}
+            usage = {(r["tenant"], r["flavor"]): (int(r["g"]), r["c"], int(r["n"]))
+                     for r in await conn.fetch(
+                "SELECT tenant, flavor, sum(gpu_us) g, sum(cost) c, count(*) n "
+                "FROM ledger GROUP BY tenant, flavor")}
+            seq = await conn.fetchval("SELECT coalesce(max(row_id), 0) FROM ledger")
+        return Totals({t: c for t, (c, _) in credits.items()},
+                      {t: n for t, (_, n) in credits.items()}, usage, int(seq), tenants)
+
+    async def reserved(self, tenants: Sequence[str]) -> dict[str, Decimal]:
+        """Unconsumed part of open reservations: sum(max(0, amount - charged so far))."""
+        rows = await self.pool.fetch("""
+            SELECT r.tenant, sum(greatest(r.amount - coalesce(u.cost, 0), 0)) AS held
+            FROM reservations r
+            LEFT JOIN reservation_releases x ON x.reservation_id = r.reservation_id
+            LEFT JOIN LATERAL (SELECT sum(l.cost) AS cost FROM ledger l
+                               WHERE l.workload_id = r.workload_id) u ON true
+            WHERE x.reservation_id IS NULL AND r.tenant = ANY($1::text[])
+            GROUP BY r.tenant""", list(tenants))
+        out = dict.fromkeys(tenants, ZERO)
+        out.update({r["tenant"]: r["held"] for r in rows})
+        return out
+
+    async def tenant_exists(self, tenant: str) -> bool:
+        return bool(await self.pool.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM tenants WHERE tenant = $1)", tenant))
+
+    async def usage_page(self, tenant: str, start_us: int, end_us: int, workload_id: str,
+                         after_row_id: int, limit: int) -> UsagePage:
+        rows = await self.pool.fetch("""
+            SELECT row_id, tenant, workload_id, flavor, gpus, start_us, end_us, price,
+                   cause_id, kind, recorded_us
+            FROM ledger
+            WHERE tenant = $1 AND row_id > $2
+              AND ($3 = 0 OR end_us > $3) AND ($4 = 0 OR start_us < $4)
+              AND ($5 = '' OR workload_id = $5)
+            ORDER BY row_id LIMIT $6""", tenant, after_row_id, start_us, end_us, workload_id,
+            limit + 1)
+        page = [(r["row_id"], Row(r["tenant"], r["workload_id"], r["flavor"], r["gpus"],
+                                  r["start_us"], r["end_us"], r["price"], r["cause_id"],
+                                  RowKind(r["kind"])), r["recorded_us"]) for r in rows[:limit]]
+        return UsagePage(page, page[-1][0] if len(rows) > limit else None)
+
+    async def open_allocation_count(self, tenant: str) -> int:
+        return int(await self.pool.fetchval(
+            "SELECT count(*) FROM allocations WHERE tenant = $1 AND status = $2",
+            tenant, AllocStatus.OPEN.value))
+
+    # --- writes --------------------------------------------------------------
+
+    async def ensure_tenant(self, tenant: str, now_us: int) -> bool:
+        status = await self.pool.execute(
+            "INSERT INTO tenants VALUES ($1, $2) ON CONFLICT DO NOTHING", tenant, now_us)
+        return bool(status.endswith(" 1"))
+
+    async def top_up(self, tenant: str, amount: Decimal, top_up_id: str, note: str,
+                     now_us: int) -> bool:
+        status = await self.pool.execute("""
+            INSERT INTO credits (tenant, top_up_id, amount, note, recorded_us)
+            VALUES ($1, $2, $3, $4, $5) ON CONFLICT (top_up_id) DO NOTHING""",
+            tenant, top_up_id, amount, note, now_us)
+        return bool(status.endswith(" 1"))
+
+    async def set_price(self, flavor: str, price: Decimal, now_us: int) -> None:
+        await self.pool.execute(
+            "INSERT INTO prices (flavor, price_per_gpu_s, effective_us) VALUES ($1, $2, $3)",
+            flavor, price, now_us)
+
+    async def apply_batch(self, events: Sequence[Event], prices: dict[str, Decimal],
+                          now_us: int) -> BatchResult:
+        """Record events (dropping ids already seen), meter them, all in one transaction."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            fresh_ids = {r["event_id"] for r in await conn.fetch("""
+                INSERT INTO workload_events
+                SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::smallint[],
+                                     $5::smallint[], $6::bigint[], $7::text[], $8::int[],
+                                     $9::bigint[])
+                ON CONFLICT (event_id) DO NOTHING RETURNING event_id""",
+                [e.event_id for e in events], [e.tenant for e in events],
+                [e.workload_id for e in events], [e.kind for e in events],
+                [int(e.type) for e in events], [e.time_us for e in events],
+                [e.flavor for e in events], [e.gpus for e in events],
+                [now_us] * len(events))}
+            fresh = [e for e in events if e.event_id in fresh_ids]
+            # Two copies of one id inside a batch: keep the first.
+            seen: set[str] = set()
+            fresh = [e for e in fresh if not (e.event_id in seen or seen.add(e.event_id))]
+            metering = [e for e in fresh if e.type is not EventType.STARTED]
+            if not metering:
+                return BatchResult(len(fresh), Outcome({}, [], frozenset(), frozenset()), [])
+            ids = sorted({e.workload_id for e in metering})
+            current = {r["workload_id"]: _alloc(r) for r in await conn.fetch(
+                f"SELECT {_ALLOC_COLS} FROM allocations WHERE workload_id = ANY($1::text[])",
+                ids)}
+            outcome = apply_events(current, metering, prices)
+            tenants = sorted({a.tenant for a in outcome.allocations.values()})
+            await conn.execute(
+                "INSERT INTO tenants SELECT t, $2 FROM unnest($1::text[]) t "
+                "ON CONFLICT DO NOTHING", tenants, now_us)
+            await self._upsert_allocations(conn, list(outcome.allocations.values()))
+            committed = await self._insert_rows(conn, outcome.rows, now_us)
+        return BatchResult(len(fresh), outcome, committed)
+
+    async def apply_tick(self, open_allocations: Sequence[Allocation], cut_to_us: int,
+                         tick_id: str, now_us: int) -> tuple[Outcome, list[CommittedRow]]:
+        outcome = tick(open_allocations, cut_to_us, tick_id)
+        if not outcome.rows:
+            return outcome, []
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._upsert_allocations(conn, list(outcome.allocations.values()))
+            committed = await self._insert_rows(conn, outcome.rows, now_us)
+        return outcome, committed
+
+    @staticmethod
+    async def _upsert_allocations(conn: asyncpg.Connection, allocs: list[Allocation]) -> None:
+        if not allocs:
+            return
+        await conn.execute(f"""
+            INSERT INTO allocations ({_ALLOC_COLS})
+            SELECT * FROM unnest($1::text[], $2::text[], $3::smallint[], $4::text[],
+                                 $5::int[], $6::numeric[], $7::smallint[], $8::bigint[],
+                                 $9::bigint[], $10::bigint[])
+            ON CONFLICT (workload_id) DO UPDATE SET
+              flavor = excluded.flavor, gpus = excluded.gpus, price = excluded.price,
+              status = excluded.status, start_us = excluded.start_us,
+              metered_until_us = excluded.metered_until_us, end_us = excluded.end_us""",
+            [a.workload_id for a in allocs], [a.tenant for a in allocs],
+            [a.kind for a in allocs], [a.flavor for a in allocs], [a.gpus for a in allocs],
+            [a.price for a in allocs], [int(a.status) for a in allocs],
+            [a.start_us for a in allocs], [a.metered_until_us for a in allocs],
+            [a.end_us for a in allocs])
+
+    @staticmethod
+    async def _insert_rows(conn: asyncpg.Connection, rows: list[Row],
+                           now_us: int) -> list[CommittedRow]:
+        if not rows:
+            return []
+        ids = await conn.fetch("""
+            INSERT INTO ledger (tenant, workload_id, flavor, gpus, start_us, end_us, gpu_us,
+                                price, cost, cause_id, kind, recorded_us)
+            SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[],
+                                 $6::bigint[], $7::bigint[], $8::numeric[], $9::numeric[],
+                                 $10::text[], $11::text[], $12::bigint[])
+            RETURNING row_id, cause_id""",
+            [r.tenant for r in rows], [r.workload_id for r in rows], [r.flavor for r in rows],
+            [r.gpus for r in rows], [r.start_us for r in rows], [r.end_us for r in rows],
+            [r.gpu_us for r in rows], [r.price for r in rows], [r.cost for r in rows],
+            [r.cause_id for r in rows], [r.kind.value for r in rows], [now_us] * len(rows))
+        by_cause = {r.cause_id: r for r in rows}
+        return [CommittedRow(i["row_id"], by_cause[i["cause_id"]]) for i in ids]

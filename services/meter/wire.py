@@ -1,0 +1,58 @@
+"""Conversions between protobuf wire types and the meter's domain types."""
+
+from __future__ import annotations
+
+import math
+
+from kestrel.money import fmt
+from kestrel.v1 import common_pb2, events_pb2, meter_pb2
+from services.meter.domain import Event, EventType, Reason, Row, RunwayFigures
+
+
+class BadEvent(ValueError):
+    """A workload event the meter cannot meter; it is terminated, not retried."""
+
+
+def event_from_wire(msg: events_pb2.WorkloadEvent) -> Event:
+    problems = []
+    if not msg.event_id:
+        problems.append("event_id is empty")
+    if not msg.tenant:
+        problems.append("tenant is empty")
+    if not msg.workload_id:
+        problems.append("workload_id is empty")
+    if msg.type not in {t.value for t in EventType}:
+        problems.append(f"type {msg.type} is unknown")
+    if msg.time_us <= 0:
+        problems.append("time_us must be positive")
+    if msg.type == EventType.ADMITTED and msg.gpus <= 0:
+        problems.append("an admission needs gpus > 0")
+    if msg.gpus < 0:
+        problems.append("gpus is negative")
+    if problems:
+        raise BadEvent("; ".join(problems))
+    return Event(msg.event_id, msg.tenant, msg.workload_id, int(msg.kind),
+                 EventType(msg.type), msg.time_us, msg.flavor, msg.gpus)
+
+
+def runway_to_wire(f: RunwayFigures) -> common_pb2.Runway:
+    runway_s = f.runway_s
+    return common_pb2.Runway(
+        tenant=f.tenant, credits=fmt(f.credits), charged=fmt(f.charged),
+        reserved=fmt(f.reserved), remaining=fmt(f.remaining), burn_per_s=fmt(f.burn_per_s),
+        runway_s=0.0 if math.isinf(runway_s) else runway_s, unlimited=f.unlimited,
+        running_gpus=f.running_gpus, as_of_us=f.as_of_us, ledger_seq=f.ledger_seq,
+        remaining_bp=f.remaining_bp)
+
+
+def runway_changed(f: RunwayFigures, reason: Reason, committed_us: int) -> events_pb2.RunwayChanged:
+    return events_pb2.RunwayChanged(runway=runway_to_wire(f), reason=int(reason),  # type: ignore[arg-type]
+                                    committed_us=committed_us)
+
+
+def row_to_wire(row_id: int, r: Row, recorded_us: int) -> meter_pb2.UsageRow:
+    return meter_pb2.UsageRow(
+        row_id=row_id, tenant=r.tenant, workload_id=r.workload_id, flavor=r.flavor,
+        gpus=r.gpus, start_us=r.start_us, end_us=r.end_us, gpu_us=r.gpu_us,
+        price_per_gpu_s=fmt(r.price), cost=fmt(r.cost), cause_id=r.cause_id,
+        recorded_us=recorded_us)
