@@ -1,0 +1,93 @@
+"""Fixtures: the real infrastructure (Postgres, NATS JetStream, Redis) on loopback.
+
+One stack per test session, in its own directory with its own free ports;
+each test that needs isolation gets a fresh database and clean streams.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from kestrel import bus
+from kestrel.devstack import Stack, free_port
+from kestrel.procs import ServiceProcess
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[Stack]:
+    root = Path(tempfile.mkdtemp(prefix="kestrel-test-", dir="/tmp"))
+    s = Stack(root, durable=False)
+    s.up()
+    try:
+        yield s
+    finally:
+        s.destroy()
+
+
+@pytest.fixture
+async def database(stack: Stack) -> AsyncIterator[str]:
+    """DSN of a new, empty database (dropped afterwards)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(stack.postgres_admin_dsn)
+    try:
+        await admin.execute(f"CREATE DATABASE {name}")
+        yield stack.postgres_dsn.rsplit("/", 1)[0] + f"/{name}"
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def clean_bus(stack: Stack) -> AsyncIterator[str]:
+    """NATS URL with every Kestrel stream deleted and re-created empty."""
+    nc = await bus.connect(stack.nats_url, "test-setup")
+    js = nc.jetstream()
+    for spec in bus.STREAMS:
+        try:
+            await js.delete_stream(spec.name)
+        except Exception:
+            pass
+    await bus.ensure_streams(js)
+    await nc.drain()
+    yield stack.nats_url
+
+
+@pytest.fixture
+def service_env(stack: Stack, database: str, clean_bus: str) -> dict[str, str]:
+    return {"KESTREL_POSTGRES_DSN": database, "KESTREL_NATS_URL": clean_bus,
+            "KESTREL_REDIS_URL": stack.redis_url}
+
+
+@pytest.fixture
+def meter_factory(service_env: dict[str, str], tmp_path: Path) -> Iterator[object]:
+    """Build meter processes sharing one database and bus; all stopped at the end."""
+    started: list[ServiceProcess] = []
+    port = free_port()
+
+    def make(**env: str) -> ServiceProcess:
+        proc = ServiceProcess(
+            "meter",
+            {**service_env, "KESTREL_METER_PORT": str(port), "KESTREL_METER_METRICS_PORT":
+             str(free_port()), **env},
+            f"127.0.0.1:{port}", tmp_path / f"meter-{len(started)}.log")
+        started.append(proc)
+        return proc
+
+    yield make
+    for p in started:
+        p.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("KESTREL_SKIP_E2E") == "1":
+        skip = pytest.mark.skip(reason="KESTREL_SKIP_E2E=1")
+        for item in items:
+            if "e2e" in item.keywords:
+                item.add_marker(skip)

@@ -1,0 +1,50 @@
+"""Small helpers for integration tests: publishing workload events, waiting on SQL."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from kestrel import bus
+from kestrel.v1 import common_pb2, events_pb2
+
+T = TypeVar("T")
+T0 = 1_700_000_000_000_000
+EVENT_NAMES = {1: "admitted", 2: "started", 3: "finished", 4: "evicted", 5: "failed"}
+
+
+def wev(event_id: str, tenant: str, workload_id: str, typ: int, time_us: int, gpus: int = 1,
+        flavor: str = "gpu-h100") -> events_pb2.WorkloadEvent:
+    return events_pb2.WorkloadEvent(
+        event_id=event_id, tenant=tenant, workload_id=workload_id,
+        kind=common_pb2.WORKLOAD_KIND_JOB, type=typ,  # type: ignore[arg-type]
+        time_us=time_us, flavor=flavor, gpus=gpus)
+
+
+async def publish_events(nats_url: str, events: Sequence[events_pb2.WorkloadEvent],
+                         msg_id_suffix: str = "", concurrency: int = 256) -> None:
+    """Publish to JetStream with acks. A suffix makes a redelivery JetStream won't drop."""
+    nc = await bus.connect(nats_url, "test-publisher")
+    js = nc.jetstream()
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(e: events_pb2.WorkloadEvent) -> None:
+        async with sem:
+            await bus.publish(js, bus.subject_workload(e.tenant, EVENT_NAMES[e.type]), e,
+                              e.event_id + msg_id_suffix)
+
+    await asyncio.gather(*(one(e) for e in events))
+    await nc.drain()
+
+
+async def eventually(fn: Callable[[], Awaitable[T]], ok: Callable[[T], bool],
+                     timeout_s: float = 30.0) -> T:
+    """Poll fn until ok(result); returns the last result (assert on it afterwards)."""
+    deadline = time.monotonic() + timeout_s
+    value = await fn()
+    while not ok(value) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        value = await fn()
+    return value
