@@ -244,6 +244,10 @@ def main() -> int:
     server = k8s().VersionApi(api).get_code().git_version
     nodes = k8s().CoreV1Api(api).list_node(label_selector="kestrel.dev/pool=gpu").items
     gpus = sum(int(n.status.allocatable.get("nvidia.com/gpu", "0")) for n in nodes)
+    # Versions as reported by the running processes, not just the pins.
+    kueue_version = kc.running_kueue_version() or f"{info.kueue_version}(pinned)"
+    kwok_versions = {n.status.node_info.kubelet_version for n in nodes}  # "kwok-0.8.0"
+    kwok_version = ",".join(sorted("v" + v.removeprefix("kwok-") for v in kwok_versions))
 
     log("quota checks:")
     admitted_ok, held_ok = quota_checks(api)
@@ -257,7 +261,7 @@ def main() -> int:
     )
     log(f"data plane rss after the baseline: {kc.data_plane_rss_mib():.0f} MiB")
     log(
-        f"cluster: kubernetes={server} kueue={info.kueue_version} kwok={info.kwok_version} "
+        f"cluster: kubernetes={server} kueue={kueue_version} kwok={kwok_version} "
         f"gpu_nodes={len(nodes)} gpus={gpus} "
         f"admitted_within_quota={str(admitted_ok).lower()} held_over_quota={str(held_ok).lower()} "
         f"kueue_admit_per_s={res['rate']:.1f} idle_rss_mib={idle_rss:.0f}"

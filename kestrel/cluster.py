@@ -434,7 +434,12 @@ def process_health() -> list[ProcessHealth]:
                 pid: int | None = int(pidfile.read_text().strip())
             except (OSError, ValueError):
                 pid = None
-            alive = pid is not None and _pid_alive(pid)
+            # a stale pid file (e.g. after a reboot) may name an unrelated process
+            alive = (
+                pid is not None
+                and _pid_alive(pid)
+                and Path((_proc_cmdline(pid) or [""])[0]).name == pidfile.stem
+            )
             rss = _rss_kib(pid) / 1024 if alive and pid is not None else 0.0
             out.append(ProcessHealth(pidfile.stem, pid, alive, rss))
     kpid = kueue_pid()
@@ -442,6 +447,21 @@ def process_health() -> list[ProcessHealth]:
         ProcessHealth("kueue", kpid, kpid is not None, _rss_kib(kpid) / 1024 if kpid else 0.0)
     )
     return out
+
+
+CONTROL_PLANE_COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok-controller",
+)
+
+
+def control_plane_alive() -> bool:
+    """Every process kwokctl started for the control plane is running."""
+    alive = {p.component for p in process_health() if p.alive}
+    return all(c in alive for c in CONTROL_PLANE_COMPONENTS)
 
 
 def data_plane_rss_mib() -> float:
@@ -585,10 +605,23 @@ def _start_control_plane(progress: Progress, timeout_s: float) -> None:
     kwokctl_bin = str(bins["kwokctl"])
     PATHS.logs.mkdir(parents=True, exist_ok=True)
     if kwok_cluster_exists():
-        if apiserver_ready():
+        if control_plane_alive() and apiserver_ready():
             return
-        progress("  kwokctl: starting existing cluster")
-        _run([kwokctl_bin, "start", "cluster", "--name", CLUSTER_NAME], env=env, timeout=timeout_s)
+        # kwokctl start launches only components whose pid is not running; a component
+        # still shutting down is skipped, so retry until every one is running.
+        for attempt in range(1, 6):
+            progress(f"  kwokctl: (re)starting stopped components (attempt {attempt})")
+            _run(
+                [kwokctl_bin, "start", "cluster", "--name", CLUSTER_NAME],
+                env=env,
+                timeout=timeout_s,
+            )
+            with contextlib.suppress(ClusterError):
+                _wait_until("control plane processes", control_plane_alive, 5)
+            if control_plane_alive():
+                break
+        else:
+            raise ClusterError(f"control plane processes not running; see {PATHS.kwok_logs}")
     else:
         progress(
             "  kwokctl: creating cluster (etcd, kube-apiserver, kube-controller-manager, "
@@ -659,7 +692,8 @@ def _cluster_queue_active(name: str = EXAMPLE_CLUSTER_QUEUE) -> bool:
 def is_up() -> bool:
     """True if every part of the data plane answers (no side effects)."""
     return (
-        apiserver_ready()
+        control_plane_alive()
+        and apiserver_ready()
         and kueue_pid() is not None
         and kueue_ready()
         and _gpu_nodes_ready()
@@ -730,7 +764,19 @@ def down(progress: Progress = print) -> None:
                     progress(proc.stderr[-2000:])
             shutil.rmtree(PATHS.kwok_cluster, ignore_errors=True)
         PATHS.kubeconfig.unlink(missing_ok=True)
+        _remove_kueue_metrics_cert_link()
         progress("cluster down")
+
+
+def _remove_kueue_metrics_cert_link() -> None:
+    """Undo the /etc/kueue/metrics/certs symlink made by up (only if it is ours)."""
+    link = KUEUE_METRICS_CERT_PATH
+    certs = PATHS.kueue_dir / "certs"
+    if link.is_symlink() and Path(os.readlink(link)) == certs:
+        link.unlink()
+        for parent in (link.parent, link.parent.parent):  # /etc/kueue/metrics, /etc/kueue
+            with contextlib.suppress(OSError):
+                parent.rmdir()  # only if empty
 
 
 def cluster_down(progress: Progress = print) -> None:
@@ -950,6 +996,20 @@ def server_version() -> str | None:
     return str(version) if version else None
 
 
+def running_kueue_version() -> str | None:
+    """gitVersion the running Kueue manager logged at startup."""
+    version = None
+    try:
+        with open(PATHS.kueue_log, errors="replace") as fh:
+            for line in fh:
+                if '"msg":"Initializing"' in line:
+                    with contextlib.suppress(ValueError):
+                        version = json.loads(line).get("gitVersion", version)
+    except OSError:
+        return None
+    return version
+
+
 def status(progress: Progress = print) -> bool:
     """Print versions, processes, nodes and queues. Returns True if everything is up."""
     v = read_versions()
@@ -973,7 +1033,10 @@ def status(progress: Progress = print) -> bool:
         progress("apiserver: NOT READY")
         return False
     progress(f"apiserver: {info.server} ready, serverVersion={server_version()}")
-    progress(f"kueue: {'ready' if kueue_ready() else 'NOT READY'} (health :{KUEUE_HEALTH_PORT})")
+    progress(
+        f"kueue: {'ready' if kueue_ready() else 'NOT READY'} version={running_kueue_version()} "
+        f"(health 127.0.0.1:{KUEUE_HEALTH_PORT})"
+    )
     progress(kubectl("get", "nodes", "-L", "kestrel.dev/flavor,nvidia.com/gpu.count",
                      check=False).stdout.rstrip())  # fmt: skip
     progress(kubectl("get", "resourceflavors,cohorts,clusterqueues,localqueues", "-A",
@@ -993,6 +1056,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("components", nargs="*")
     sub.add_parser("env", help="print KUBECONFIG=... for eval")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `cluster/status | head` exits quietly
 
     def say(msg: str) -> None:
         print(msg, flush=True)
