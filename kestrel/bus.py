@@ -21,7 +21,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
-from kestrel.v1 import admission_pb2, common_pb2, events_pb2, meter_pb2  # noqa: F401
+from kestrel.v1 import admission_pb2, common_pb2, events_pb2, meter_pb2
 
 log = logging.getLogger("kestrel.bus")
 
@@ -122,9 +122,9 @@ def headers_for(msg: Message, msg_id: str) -> dict[str, str]:
 
 
 async def publish(js: JetStreamContext, subject: str, msg: Message, msg_id: str,
-                  timeout: float = 5.0) -> Any:
+                  ack_timeout_s: float = 5.0) -> Any:
     """Publish to JetStream and wait for the stream's ack (durable once this returns)."""
-    return await js.publish(subject, msg.SerializeToString(), timeout=timeout,
+    return await js.publish(subject, msg.SerializeToString(), timeout=ack_timeout_s,
                             headers=headers_for(msg, msg_id))
 
 

@@ -188,3 +188,7 @@ def main() -> None:
         sys.exit(0)
 
 
+
+
+if __name__ == "__main__":
+    main()

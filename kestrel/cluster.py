@@ -706,6 +706,11 @@ def up(progress: Progress = print, timeout_s: float = DEFAULT_TIMEOUT_S) -> Clus
     with _state_lock():
         t0 = time.monotonic()
         ensure_binaries(progress)
+        versions = read_versions()
+        stamp = PATHS.state / "versions.json"
+        if kwok_cluster_exists() and stamp.exists() and json.loads(stamp.read_text()) != versions:
+            progress("pinned versions changed since the cluster was created: recreating it")
+            _down_locked(progress)
         if is_up():
             progress(f"cluster already up ({time.monotonic() - t0:.1f}s check)")
             return cluster_info()
@@ -726,6 +731,7 @@ def up(progress: Progress = print, timeout_s: float = DEFAULT_TIMEOUT_S) -> Clus
             timeout_s,
             progress,
         )
+        stamp.write_text(json.dumps(versions, indent=1, sort_keys=True) + "\n")
         progress(f"cluster up in {time.monotonic() - t0:.1f}s")
         return cluster_info()
 
@@ -749,6 +755,11 @@ def ensure_cluster(progress: Progress = print, timeout_s: float = DEFAULT_TIMEOU
 def down(progress: Progress = print) -> None:
     """Stop Kueue and delete the kwokctl cluster (etcd data included). Idempotent."""
     with _state_lock():
+        _down_locked(progress)
+
+
+def _down_locked(progress: Progress) -> None:
+    if True:  # keeps the body's indentation of the locked section
         _stop_kueue(progress)
         versions = read_versions()
         bins = binary_paths(versions)

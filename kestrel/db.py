@@ -33,7 +33,7 @@ async def migrate(conn: asyncpg.Connection, component: str, directory: Path) -> 
     lock serialises migrators; each file runs in its own transaction with its
     version row.
     """
-    files = sorted(p for p in directory.iterdir() if _MIGRATION.match(p.name))
+    files = sorted(p for p in directory.iterdir() if _MIGRATION.match(p.name))  # noqa: ASYNC240
     applied: list[str] = []
     await conn.execute("""
         CREATE TABLE IF NOT EXISTS schema_migrations (

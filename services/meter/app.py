@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 from decimal import Decimal
 
+from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry
 
 from kestrel import bus
@@ -75,7 +76,7 @@ async def _tick_loop(meter: Meter, tick_s: float, stop: asyncio.Event) -> None:
             log.exception("tick failed; the next tick cuts the same time")
 
 
-async def _lag_loop(js: bus.JetStreamContext, metrics: MeterMetrics, stop: asyncio.Event) -> None:
+async def _lag_loop(js: JetStreamContext, metrics: MeterMetrics, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
             info = await js.consumer_info(STREAM, DURABLE)

@@ -7,7 +7,7 @@ import hashlib
 import re
 import uuid
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 
@@ -25,7 +25,7 @@ ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MAX_PAGE = 1000
 # 2001-09-09 .. 2286: anything outside is a unit mistake (seconds or ns, not µs).
 MIN_US, MAX_US = 1_000_000_000_000_000, 9_999_999_999_999_999
-Ctx = grpc.aio.ServicerContext[Any, Any]
+Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
 def check_tenant(v: Violations, tenant: str, field: str = "tenant") -> None:

@@ -178,10 +178,12 @@ class MeterStore:
                 [int(e.type) for e in events], [e.time_us for e in events],
                 [e.flavor for e in events], [e.gpus for e in events],
                 [now_us] * len(events))}
-            fresh = [e for e in events if e.event_id in fresh_ids]
-            # Two copies of one id inside a batch: keep the first.
-            seen: set[str] = set()
-            fresh = [e for e in fresh if not (e.event_id in seen or seen.add(e.event_id))]
+            # Keep the first copy of each id newly stored (a batch may hold two).
+            fresh: list[Event] = []
+            for e in events:
+                if e.event_id in fresh_ids:
+                    fresh.append(e)
+                    fresh_ids.discard(e.event_id)
             metering = [e for e in fresh if e.type is not EventType.STARTED]
             if not metering:
                 return BatchResult(len(fresh), Outcome({}, [], frozenset(), frozenset()), [])

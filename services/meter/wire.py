@@ -25,7 +25,7 @@ def event_from_wire(msg: events_pb2.WorkloadEvent) -> Event:
         problems.append(f"type {msg.type} is unknown")
     if msg.time_us <= 0:
         problems.append("time_us must be positive")
-    if msg.type == EventType.ADMITTED and msg.gpus <= 0:
+    if int(msg.type) == int(EventType.ADMITTED) and msg.gpus <= 0:
         problems.append("an admission needs gpus > 0")
     if msg.gpus < 0:
         problems.append("gpus is negative")

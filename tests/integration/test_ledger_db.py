@@ -137,7 +137,7 @@ async def test_ledger_sums_and_cost_are_exact_in_postgres(
     rows = await pool.fetch("""SELECT workload_id, sum(gpu_us) g, sum(cost) c, min(price) p
                                FROM ledger WHERE tenant = $1 GROUP BY workload_id""", tenant)
     by_wid = {r["workload_id"]: r for r in rows}
-    for i, (gpus, flavor, _start, length) in enumerate(allocs):
+    for i, (gpus, _flavor, _start, length) in enumerate(allocs):
         expect = gpus * length
         got = by_wid.get(f"{run}-{i}")
         assert (got["g"] if got else 0) == expect

@@ -112,7 +112,7 @@ async def test_server_reflection_lists_the_meter(meter: ServiceProcess) -> None:
 
 
 def violations(err: grpc.aio.AioRpcError) -> dict[str, str]:
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    status = rpc_status.from_call(err)
     assert status is not None
     out: dict[str, str] = {}
     for detail in status.details:

@@ -72,7 +72,8 @@ def run(stream: list[object]) -> tuple[dict[str, Allocation], list[Row]]:
             seen.add(item.event_id)
             out = apply_events(state, [item], PRICES)
         else:
-            _, cut_to = item  # type: ignore[misc]
+            assert isinstance(item, tuple)
+            cut_to: int = item[1]
             out = cut([a for a in state.values() if a.status is AllocStatus.OPEN], cut_to,
                       f"tick-{cut_to}")
         state.update(out.allocations)

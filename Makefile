@@ -1,0 +1,70 @@
+# Kestrel. On a fresh machine `make demo` and `make test` are all a user types:
+# both run `make setup` first, which installs what the project needs.
+SHELL := /bin/bash
+PY := .venv/bin/python
+BUF := tools/buf/node_modules/.bin/buf
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+
+.PHONY: help setup proto proto-check buf-lint buf-breaking lint test test-unit \
+        test-integration test-e2e demo bench-meter devstack-up devstack-down \
+        devstack-status clean
+
+help: ## This list
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+setup: ## Install everything (Debian packages, .venv, buf); idempotent
+	@scripts/setup.sh
+
+proto: setup ## Regenerate kestrel/v1 stubs from proto/
+	scripts/gen_proto.sh
+
+proto-check: setup ## Fail if the committed stubs are not what proto/ generates
+	@tmp=$$(mktemp -d); scripts/gen_proto.sh $$tmp && \
+	  diff -r -x __pycache__ $$tmp/kestrel/v1 kestrel/v1 >/dev/null || \
+	  { echo "kestrel/v1 is stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
+	  rm -rf $$tmp; echo "proto-check: generated stubs are fresh"
+
+buf-lint: setup
+	cd proto && ../$(BUF) lint
+
+buf-breaking: setup ## Compare proto/ with main (skipped while main has no protos)
+	@if git cat-file -e main:proto/buf.yaml 2>/dev/null; then \
+	  $(BUF) breaking proto --against '.git#branch=main,subdir=proto' && \
+	  echo "buf-breaking: no breaking change against main"; \
+	else echo "buf-breaking: main has no protos yet, skipped"; fi
+
+lint: setup proto-check buf-lint buf-breaking ## ruff, mypy, buf lint, buf breaking, fresh stubs
+	$(PY) -m ruff check kestrel services tests bench
+	$(PY) -m mypy kestrel services tests bench
+
+test-unit: setup ## Pure logic, no I/O
+	$(PY) -m pytest tests/unit -q
+
+test-integration: setup ## Against real Postgres, NATS JetStream, Redis (started by the fixtures)
+	$(PY) -m pytest tests/integration -q
+
+test-e2e: setup ## Against the real Kubernetes data plane (built and started on demand)
+	$(PY) -m pytest tests/e2e -q
+
+test: setup lint ## Lint, then every test tier
+	$(PY) -m pytest tests -q
+
+demo: setup ## Bring up the stack and run the main scenario, ending with a summary table
+	$(PY) -m kestrel.demo $(DEMO_ARGS)
+
+bench-meter: setup ## Ledger ingestion and runway latency vs the bare pipeline of this machine
+	$(PY) bench/meter.py $(BENCH_ARGS)
+
+devstack-up: setup ## Start Postgres, NATS, Redis on loopback (.run/devstack)
+	$(PY) -m kestrel.devstack up
+
+devstack-down: ## Stop them
+	$(PY) -m kestrel.devstack down
+
+devstack-status:
+	$(PY) -m kestrel.devstack status
+
+clean: devstack-down
+	rm -rf .run
+
+-include cluster/cluster.mk

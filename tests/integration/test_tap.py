@@ -1,0 +1,36 @@
+"""`kestrel tap` prints bus messages decoded from protobuf, one JSON line each."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+
+from tests.integration.helpers import T0, publish_events, wev
+
+pytestmark = pytest.mark.integration
+
+
+async def test_tap_prints_each_message_as_one_decoded_json_line(clean_bus: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kestrel.cli", "tap", "kestrel.>", "--nats-url", clean_bus,
+        "--count", "2", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    lines: list[dict[str, object]] = []
+    async with asyncio.timeout(30):
+        while not lines:  # publish until the tap is subscribed and sees the first one
+            await publish_events(clean_bus, [wev(f"e-{T0}", "acme", "w", 1, T0, gpus=3)])
+            try:
+                raw = await asyncio.wait_for(proc.stdout.readline(), 0.5)  # type: ignore[union-attr]
+            except TimeoutError:
+                continue
+            lines.append(json.loads(raw))
+        await publish_events(clean_bus, [wev("e-2", "acme", "w", 3, T0 + 5, gpus=3)])
+        lines.append(json.loads(await proc.stdout.readline()))  # type: ignore[union-attr]
+        assert await proc.wait() == 0
+    first, second = lines
+    assert first["subject"] == "kestrel.workload.acme.admitted"
+    assert first["type"] == "kestrel.v1.WorkloadEvent"
+    assert first["message"]["gpus"] == 3  # type: ignore[index]
+    assert second["message"]["type"] == "WORKLOAD_EVENT_TYPE_FINISHED"  # type: ignore[index]
