@@ -20,10 +20,8 @@ import argparse
 import asyncio
 import random
 import shutil
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import asyncpg
 from rich.console import Console
@@ -161,13 +159,13 @@ async def run(n: int, tenants: int, batch: int, keep: bool) -> int:
 
         # The bare pipeline over the same messages.
         console.print("raw pipeline: consuming the same messages")
-        raw = subprocess.Popen([sys.executable, str(REPO / "bench" / "raw_pipeline.py"),
-                                stack.nats_url, stack.postgres_dsn, str(n), str(batch)],
-                               cwd=REPO, env={"PYTHONPATH": str(REPO)})
-        while not await table_exists(db, "raw_events"):
+        raw = await asyncio.create_subprocess_exec(
+            sys.executable, str(REPO / "bench" / "raw_pipeline.py"), stack.nats_url,
+            stack.postgres_dsn, str(n), str(batch), cwd=REPO, env={"PYTHONPATH": str(REPO)})
+        while not await table_exists(db, "raw_events"):  # noqa: ASYNC110 - another process
             await asyncio.sleep(0.01)
         r_first, r_n_first, r_last = await watch_count(db, "raw_events", n, 300)
-        raw.wait(60)
+        await asyncio.wait_for(raw.wait(), 60)
         raw_rate = (n - r_n_first) / (r_last - r_first) if r_last > r_first else float("inf")
         console.print(f"\n  raw pipeline stored {n:,} events: {raw_rate:,.0f}/s")
         await db.close()
