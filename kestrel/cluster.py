@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -303,6 +304,10 @@ def _pid_alive(pid: int) -> bool:
         if stat.rsplit(")", 1)[1].split()[0] == "Z":
             return False
     return True
+
+
+def _pid_dead(pid: int) -> bool:
+    return not _pid_alive(pid)
 
 
 def _proc_cmdline(pid: int) -> list[str]:
@@ -712,6 +717,8 @@ def up(progress: Progress = print, timeout_s: float = DEFAULT_TIMEOUT_S) -> Clus
             progress("pinned versions changed since the cluster was created: recreating it")
             _down_locked(progress)
         if is_up():
+            if not stamp.exists():
+                stamp.write_text(json.dumps(versions, indent=1, sort_keys=True) + "\n")
             progress(f"cluster already up ({time.monotonic() - t0:.1f}s check)")
             return cluster_info()
         progress("starting the Kestrel data plane")
@@ -759,24 +766,38 @@ def down(progress: Progress = print) -> None:
 
 
 def _down_locked(progress: Progress) -> None:
-    if True:  # keeps the body's indentation of the locked section
-        _stop_kueue(progress)
-        versions = read_versions()
-        bins = binary_paths(versions)
-        if kwok_cluster_exists() or PATHS.kwok_cluster.exists():
-            if bins["kwokctl"].exists():
-                proc = _run(
-                    [bins["kwokctl"], "delete", "cluster", "--name", CLUSTER_NAME,
-                     "--kubeconfig", str(PATHS.kubeconfig)],
-                    env=_kwok_env(bins, versions), check=False, timeout=120,
-                )  # fmt: skip
-                progress(f"  kwokctl delete cluster: exit {proc.returncode}")
-                if proc.returncode != 0:
-                    progress(proc.stderr[-2000:])
-            shutil.rmtree(PATHS.kwok_cluster, ignore_errors=True)
-        PATHS.kubeconfig.unlink(missing_ok=True)
-        _remove_kueue_metrics_cert_link()
-        progress("cluster down")
+    _stop_kueue(progress)
+    versions = read_versions()
+    bins = binary_paths(versions)
+    components = [p for p in process_health() if p.alive and p.component != "kueue"]
+    if (kwok_cluster_exists() or PATHS.kwok_cluster.exists()) and bins["kwokctl"].exists():
+        proc = _run(
+            [bins["kwokctl"], "delete", "cluster", "--name", CLUSTER_NAME,
+             "--kubeconfig", str(PATHS.kubeconfig)],
+            env=_kwok_env(bins, versions), check=False, timeout=120,
+        )  # fmt: skip
+        progress(f"  kwokctl delete cluster: exit {proc.returncode}")
+        if proc.returncode != 0:
+            progress(proc.stderr[-2000:])
+    # Whatever kwokctl did not stop (e.g. its state was damaged) is stopped here,
+    # by the pids it recorded and only if they still run our component binaries.
+    for comp in components:
+        pid = comp.pid
+        if pid is None or not _pid_alive(pid):
+            continue
+        if Path((_proc_cmdline(pid) or [""])[0]).name != comp.component:
+            continue
+        os.kill(pid, signal.SIGTERM)
+        with contextlib.suppress(ClusterError):
+            _wait_until(f"{comp.component} to exit", functools.partial(_pid_dead, pid), 15)
+        if _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        progress(f"  stopped leftover {comp.component} (pid {pid})")
+    shutil.rmtree(PATHS.kwok_cluster, ignore_errors=True)
+    PATHS.kubeconfig.unlink(missing_ok=True)
+    (PATHS.state / "versions.json").unlink(missing_ok=True)
+    _remove_kueue_metrics_cert_link()
+    progress("cluster down")
 
 
 def _remove_kueue_metrics_cert_link() -> None:
