@@ -1,13 +1,14 @@
 """make cluster-check: the data plane's acceptance check and bare-Kueue baseline.
 
-1. Brings the cluster up if needed (kestrel.cluster.ensure_cluster) and records the
-   resident memory of its processes while idle (etcd, kube-apiserver,
-   kube-controller-manager, kube-scheduler, kwok-controller, kueue).
+1. Brings the cluster up if needed (kestrel.cluster.ensure_cluster). Idle resident
+   memory of the data plane processes (etcd, kube-apiserver, kube-controller-manager,
+   kube-scheduler, kwok-controller, kueue) is taken after the checks, with no jobs.
 2. Quota checks against real Kueue: in a tenant ClusterQueue with 8 H100 GPUs, an
    8-GPU Job is admitted on flavor gpu-h100, its pod lands on an H100 KWOK node and
    Succeeds; a second 8-GPU Job submitted meanwhile gets no quota until the first has
    finished, then is admitted.
-3. Baseline: K Jobs (1 GPU, short duration) submitted straight to Kueue with the
+3. Also runs tests/e2e/test_cluster.py (pytest) unless --skip-e2e.
+4. Baseline: K Jobs (1 GPU, short duration) submitted straight to Kueue with the
    kubernetes client into a ClusterQueue whose quota equals the GPU pool (64 GPUs),
    so admissions are bounded by real quota being released as jobs finish, like
    Kueue's own performance baseline. Admission instants are taken from a watch on
@@ -20,6 +21,7 @@ admitted_within_quota=B held_over_quota=B kueue_admit_per_s=X idle_rss_mib=N``
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import threading
 import time
@@ -75,7 +77,7 @@ def quota_checks(api: Any) -> tuple[bool, bool]:
     admitted_ok = held_ok = False
     try:
         first = batch.create_namespaced_job(
-            ns, cast(Any, kc.gpu_job_manifest("first", ns, "gpu", gpus=8, duration_s=8))
+            ns, cast(Any, kc.gpu_job_manifest("first", ns, "gpu", gpus=8, duration_s=15))
         )
         wl = wait_for(
             "first admitted",
@@ -142,6 +144,20 @@ def quota_checks(api: Any) -> tuple[bool, bool]:
     finally:
         kc.delete_tenant_queue(api, ns)
     return admitted_ok, held_ok
+
+
+def run_e2e_tests() -> bool:
+    """Run the data plane's e2e tests (pinned version, admission, hold, placement)."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         str(root / "tests" / "e2e" / "test_cluster.py")],
+        cwd=root, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    for line in lines if proc.returncode else lines[-1:]:
+        log(f"  {line}")
+    return proc.returncode == 0
 
 
 def watch_admissions(
@@ -232,14 +248,15 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=500, help="K jobs for the baseline")
     parser.add_argument("--duration", type=int, default=1, help="seconds each job runs")
     parser.add_argument("--workers", type=int, default=4, help="concurrent submitters")
+    parser.add_argument(
+        "--skip-e2e", action="store_true", help="do not run tests/e2e/test_cluster.py first"
+    )
     args = parser.parse_args()
 
     info = kc.ensure_cluster(log)
     api = kc.api_client()
-    idle_rss = kc.data_plane_rss_mib()
-    for p in kc.process_health():
-        log(f"  idle rss {p.component:<26} {p.rss_mib:7.1f} MiB")
-    log(f"idle data plane rss: {idle_rss:.0f} MiB")
+    start_rss = kc.data_plane_rss_mib()
+    log(f"data plane rss before any checks: {start_rss:.0f} MiB")
 
     server = k8s().VersionApi(api).get_code().git_version
     nodes = k8s().CoreV1Api(api).list_node(label_selector="kestrel.dev/pool=gpu").items
@@ -249,8 +266,20 @@ def main() -> int:
     kwok_versions = {n.status.node_info.kubelet_version for n in nodes}  # "kwok-0.8.0"
     kwok_version = ",".join(sorted("v" + v.removeprefix("kwok-") for v in kwok_versions))
 
+    e2e_ok = True
+    if not args.skip_e2e:
+        log("e2e checks (tests/e2e/test_cluster.py):")
+        e2e_ok = run_e2e_tests()
+
     log("quota checks:")
     admitted_ok, held_ok = quota_checks(api)
+
+    # Idle = no jobs, after the checks have exercised every component once (the Go
+    # heaps have grown to their working size), the more conservative figure.
+    for p in kc.process_health():
+        log(f"  idle rss {p.component:<26} {p.rss_mib:7.1f} MiB")
+    idle_rss = kc.data_plane_rss_mib()
+    log(f"idle data plane rss: {idle_rss:.0f} MiB")
 
     log(f"baseline: {args.jobs} jobs x 1 GPU x {args.duration}s into a {gpus}-GPU ClusterQueue")
     res = bench(api, args.jobs, args.duration, args.workers, gpus)
@@ -266,7 +295,7 @@ def main() -> int:
         f"admitted_within_quota={str(admitted_ok).lower()} held_over_quota={str(held_ok).lower()} "
         f"kueue_admit_per_s={res['rate']:.1f} idle_rss_mib={idle_rss:.0f}"
     )
-    return 0 if admitted_ok and held_ok else 1
+    return 0 if admitted_ok and held_ok and e2e_ok else 1
 
 
 if __name__ == "__main__":
