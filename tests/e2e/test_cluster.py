@@ -165,9 +165,8 @@ def test_gpu_job_admitted_placed_runs_for_duration_and_succeeds(api: Any, tenant
 
 
 def test_job_over_quota_is_held_until_first_finishes(api: Any, tenant: str) -> None:
-    first = submit(
-        api, tenant, "first", gpus=8, duration_s=20
-    )  # long enough for Kueue to evaluate "second"
+    # 20s: ample time for Kueue to evaluate "second" while "first" still runs.
+    first = submit(api, tenant, "first", gpus=8, duration_s=20)
     wait_for(
         "first admitted",
         lambda: (
