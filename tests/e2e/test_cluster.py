@@ -7,6 +7,7 @@ waits are bounded only so a broken cluster fails instead of hanging.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,8 +24,13 @@ WAIT_S = 180.0  # upper bound for any single wait; never asserted as a duration
 
 
 @pytest.fixture(scope="session")
-def cluster_info() -> kc.ClusterInfo:
-    return kc.ensure_cluster()
+def cluster_info() -> Iterator[kc.ClusterInfo]:
+    """The data plane, started if needed; stopped again afterwards if this session
+    started it (set KESTREL_KEEP_CLUSTER=1 to keep it running)."""
+    was_up = kc.is_up()
+    yield kc.ensure_cluster()
+    if not was_up and os.environ.get("KESTREL_KEEP_CLUSTER") != "1":
+        kc.cluster_down()
 
 
 @pytest.fixture(scope="session")
