@@ -1,36 +1,32 @@
-"""The `kestrel` command line."""
+"""`kestrel meter ...`: operator commands that talk straight to the meter's gRPC API
+(kestrel.v1.Meter), bypassing the gateway. Same behaviour as before they moved here."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import grpc
 import typer
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from rich.console import Console
 from rich.table import Table
 
+from kestrel.cli._common import console, fail
 from kestrel.v1 import meter_pb2, meter_pb2_grpc
 
-app = typer.Typer(help="Kestrel: runway-aware GPU compute. Operator and tenant commands.",
-                  no_args_is_help=True, add_completion=False)
-console = Console()
+app = typer.Typer(help="Operator: talk to the meter directly (ledger, runway, credits).",
+                  no_args_is_help=True)
 
 MeterAddr = Annotated[str, typer.Option(envvar="KESTREL_METER_ADDR",
                                         help="meter gRPC address")]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
 
 
-def _fail(exc: grpc.RpcError) -> None:
+def _fail(exc: grpc.RpcError) -> NoReturn:
     code = exc.code().name if hasattr(exc, "code") else "UNKNOWN"
     detail = exc.details() if hasattr(exc, "details") else str(exc)
-    console.print(f"[red]error[/red] {code}: {detail}", highlight=False)
-    raise typer.Exit(2)
+    fail(f"{code}: {detail}")
 
 
 def _meter(addr: str) -> meter_pb2_grpc.MeterStub:
@@ -50,20 +46,6 @@ def _runway_table(r: Any) -> Table:
     t.add_row(r.credits, r.charged, r.reserved, r.remaining, r.burn_per_s, runway,
               str(r.running_gpus))
     return t
-
-
-@app.command()
-def tap(subject: Annotated[str, typer.Argument(help="NATS subject, wildcards allowed")]
-        = "kestrel.>",
-        nats_url: Annotated[str, typer.Option(envvar="KESTREL_NATS_URL")]
-        = "nats://127.0.0.1:4222",
-        count: Annotated[int, typer.Option(help="stop after N messages (0: never)")] = 0,
-        ) -> None:
-    """Print every bus message on SUBJECT decoded from protobuf, one JSON line each."""
-    from kestrel.tap import tap as run_tap
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_tap(nats_url, subject, count=count))
 
 
 @app.command()
@@ -179,16 +161,3 @@ def prices(meter: MeterAddr = "127.0.0.1:50053", as_json: AsJson = False) -> Non
     for p in resp.prices:
         t.add_row(p.flavor, p.price_per_gpu_s, p.price_per_gpu_h)
     console.print(t)
-
-
-def main() -> None:
-    try:
-        app()
-    except BrokenPipeError:
-        sys.exit(0)
-
-
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,86 @@
+"""The `kestrel` command line.
+
+- tenant commands (API key): submit, jobs, job, cancel, watch, runway, usage
+- operator commands (operator token): tenants ..., keys ..., top-up
+- `kestrel meter ...`: operator commands straight to the meter
+- `kestrel tap`: print bus messages
+
+Tenant and operator commands use the Python SDK (`kestrel.Client`) against the
+gateway; errors are one sentence with the gRPC code, exit status 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from typing import Annotated
+
+import typer
+
+from kestrel.cli import meter, operator, tenant
+from kestrel.cli._common import Globals
+from kestrel.sdk import ENV_ADDRESS, ENV_API_KEY, ENV_OPERATOR_TOKEN
+
+app = typer.Typer(help="Kestrel: runway-aware GPU compute. Operator and tenant commands.",
+                  no_args_is_help=True, add_completion=False)
+
+TENANT = "Tenant (API key)"
+OPERATOR = "Operator (operator token)"
+
+
+@app.callback()
+def _globals(
+    ctx: typer.Context,
+    gateway: Annotated[str | None, typer.Option(
+        "--gateway", envvar=ENV_ADDRESS, show_default=False,
+        help="gateway address host:port [default: 127.0.0.1:50051]")] = None,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar=ENV_API_KEY, show_default=False,
+        help="tenant API key (prefer the environment variable)")] = None,
+    operator_token: Annotated[str | None, typer.Option(
+        "--operator-token", envvar=ENV_OPERATOR_TOKEN, show_default=False,
+        help="operator token (prefer the environment variable)")] = None,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=0.001, help="seconds per call")] = 10.0,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="JSON output for every command")] = False,
+) -> None:
+    ctx.obj = Globals(gateway=gateway, api_key=api_key, operator_token=operator_token,
+                      timeout_s=timeout, json=as_json)
+
+
+@app.command()
+def tap(subject: Annotated[str, typer.Argument(help="NATS subject, wildcards allowed")]
+        = "kestrel.>",
+        nats_url: Annotated[str, typer.Option(envvar="KESTREL_NATS_URL")]
+        = "nats://127.0.0.1:4222",
+        count: Annotated[int, typer.Option(help="stop after N messages (0: never)")] = 0,
+        ) -> None:
+    """Print every bus message on SUBJECT decoded from protobuf, one JSON line each."""
+    from kestrel.tap import tap as run_tap
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run_tap(nats_url, subject, count=count))
+
+
+for _fn in (tenant.submit, tenant.jobs, tenant.job, tenant.cancel, tenant.watch,
+            tenant.runway, tenant.usage):
+    app.command(rich_help_panel=TENANT)(_fn)
+app.add_typer(operator.tenants, name="tenants", rich_help_panel=OPERATOR)
+app.add_typer(operator.keys, name="keys", rich_help_panel=OPERATOR)
+app.command("top-up", rich_help_panel=OPERATOR)(operator.top_up)
+app.add_typer(meter.app, name="meter", rich_help_panel=OPERATOR)
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:
+        sys.exit(0)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""`python -m kestrel.cli`."""
+
+from kestrel.cli import main
+
+main()

@@ -1,0 +1,139 @@
+"""What every command of the `kestrel` CLI shares: the global options, the SDK client,
+output (tables or --json), argument parsers and the one way errors are shown."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any, NoReturn
+
+import grpc
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from kestrel.sdk import Client, JobState, KestrelError, MissingCredential, to_jsonable
+
+console = Console()
+err_console = Console(stderr=True)
+
+AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
+@dataclass(frozen=True)
+class Globals:
+    gateway: str | None = None
+    api_key: str | None = None
+    operator_token: str | None = None
+    timeout_s: float = 10.0
+    json: bool = False
+
+
+def globals_of(ctx: typer.Context) -> Globals:
+    found = ctx.find_object(Globals)
+    return found if found is not None else Globals()
+
+
+def make_client(g: Globals) -> Client:
+    """The SDK client for the global options (tests replace this function)."""
+    return Client(g.gateway, api_key=g.api_key, operator_token=g.operator_token,
+                  timeout_s=g.timeout_s)
+
+
+@contextlib.contextmanager
+def client(ctx: typer.Context) -> Iterator[Client]:
+    """An SDK client whose failures end the command with one sentence and exit status 2."""
+    g = globals_of(ctx)
+    c = make_client(g)
+    try:
+        yield c
+    except MissingCredential as exc:
+        fail(f"{exc.code_name}: no {exc.what}: pass --{exc.kwarg.replace('_', '-')} "
+             f"or set {exc.envvar}")
+    except KestrelError as exc:
+        hint = ""
+        if exc.code == grpc.StatusCode.UNAVAILABLE:
+            hint = (f" (gateway {c.address}; set --gateway or KESTREL_GATEWAY_ADDR)")
+        fail(f"{exc}{hint}")
+    finally:
+        c.close()
+
+
+def fail(message: str, status: int = 2) -> NoReturn:
+    """Print `error <message>` on stderr as one line and exit."""
+    err_console.print(Text.assemble(("error", "bold red"), " ", message), soft_wrap=True)
+    raise typer.Exit(status)
+
+
+def want_json(ctx: typer.Context, as_json: bool) -> bool:
+    return as_json or globals_of(ctx).json
+
+
+def print_json(value: Any, *, lines: bool = False) -> None:
+    """JSON of SDK dataclasses (or lists of them); Decimal stays an exact string."""
+    data = to_jsonable(value)
+    text = json.dumps(data, separators=(",", ":")) if lines else json.dumps(data, indent=2)
+    print(text, flush=lines)
+
+
+def cell(value: object) -> Text:
+    """Table cell text taken literally (server strings are never rich markup)."""
+    return Text("" if value is None else str(value))
+
+
+# --- argument parsers: raise typer.BadParameter, shown as a usage error (exit 2) -----
+
+
+def parse_pairs(values: Iterable[str], option: str) -> dict[str, str]:
+    """KEY=VALUE options (repeatable) as a dict; a key given twice is an error."""
+    out: dict[str, str] = {}
+    for raw in values:
+        key, sep, value = raw.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise typer.BadParameter(f"{raw!r} is not KEY=VALUE", param_hint=option)
+        if key in out:
+            raise typer.BadParameter(f"{key!r} is given twice", param_hint=option)
+        out[key] = value
+    return out
+
+
+def parse_quota(values: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for flavor, count in parse_pairs(values, "--quota").items():
+        try:
+            n = int(count)
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise typer.BadParameter(f"{flavor}={count!r}: the GPU count must be a whole "
+                                     "number >= 0", param_hint="--quota")
+        out[flavor] = n
+    return out
+
+
+def parse_states(values: Iterable[str]) -> list[JobState]:
+    states: list[JobState] = []
+    for v in values:
+        try:
+            states.append(JobState.parse(v))
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--state") from None
+    return states
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str | int) -> int:
+    """Whole seconds from '90', '90s', '15m', '2h' or '1d'."""
+    if isinstance(text, int):  # an option's default
+        return text
+    m = _DURATION.match(text.lower())
+    if not m:
+        raise typer.BadParameter(f"{text!r} is not a duration such as 600, 90s, 15m or 2h")
+    return int(m.group(1)) * _UNIT_S[m.group(2)]

@@ -1,0 +1,145 @@
+"""Operator commands through the gateway (operator token): `kestrel tenants ...`,
+`kestrel keys ...` and `kestrel top-up`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from kestrel.cli import render
+from kestrel.cli._common import (
+    AsJson,
+    client,
+    console,
+    err_console,
+    parse_quota,
+    print_json,
+    want_json,
+)
+from kestrel.sdk import Tenant
+
+tenants = typer.Typer(help="Operator: create, inspect, suspend and resume tenants.",
+                      no_args_is_help=True)
+keys = typer.Typer(help="Operator: issue and revoke tenant API keys.", no_args_is_help=True)
+
+TenantArg = Annotated[str, typer.Argument(help="tenant id, e.g. acme")]
+
+
+def _show_tenant(ctx: typer.Context, t: Tenant, as_json: bool) -> None:
+    if want_json(ctx, as_json):
+        print_json(t)
+        return
+    console.print(render.tenants_table([t], title=f"tenant {t.tenant}"))
+    if t.runway is not None:
+        console.print(render.runway_table(t.runway))
+
+
+@tenants.command("create")
+def create(ctx: typer.Context, tenant: TenantArg,
+           credits: Annotated[str, typer.Option("--credits",
+                                                help="initial credits, a decimal")],
+           quota: Annotated[list[str] | None, typer.Option(
+               "--quota", metavar="FLAVOR=GPUS",
+               help="GPU quota per flavor, repeatable: --quota gpu-h100=8")] = None,
+           rate_per_s: Annotated[float, typer.Option(
+               "--rate", help="API requests per second (token bucket rate)")] = 10.0,
+           burst: Annotated[int, typer.Option(help="API request burst")] = 20,
+           display_name: Annotated[str, typer.Option("--display-name")] = "",
+           as_json: AsJson = False) -> None:
+    """Create TENANT with its first credits, GPU quota and API rate limit."""
+    gpu_quota = parse_quota(quota or [])
+    with client(ctx) as c:
+        t = c.create_tenant(tenant, display_name=display_name, gpu_quota=gpu_quota,
+                            rate_per_s=rate_per_s, burst=burst, initial_credits=credits)
+    _show_tenant(ctx, t, as_json)
+
+
+@tenants.command("get")
+def get(ctx: typer.Context, tenant: TenantArg, as_json: AsJson = False) -> None:
+    """Show TENANT and its runway."""
+    with client(ctx) as c:
+        t = c.get_tenant(tenant)
+    _show_tenant(ctx, t, as_json)
+
+
+@tenants.command("list")
+def list_(ctx: typer.Context, as_json: AsJson = False) -> None:
+    """Every tenant."""
+    with client(ctx) as c:
+        found = list(c.list_tenants())
+    if want_json(ctx, as_json):
+        print_json(found)
+    else:
+        console.print(render.tenants_table(found))
+
+
+def _suspend(ctx: typer.Context, tenant: str, suspended: bool, reason: str,
+             as_json: bool) -> None:
+    with client(ctx) as c:
+        t = c.suspend_tenant(tenant, suspended=suspended, reason=reason)
+    _show_tenant(ctx, t, as_json)
+
+
+Reason = Annotated[str, typer.Option(help="why, for the audit trail")]
+
+
+@tenants.command("suspend")
+def suspend(ctx: typer.Context, tenant: TenantArg, reason: Reason = "",
+            as_json: AsJson = False) -> None:
+    """Suspend TENANT: its keys stop working for new work until resumed."""
+    _suspend(ctx, tenant, True, reason, as_json)
+
+
+@tenants.command("resume")
+def resume(ctx: typer.Context, tenant: TenantArg, reason: Reason = "",
+           as_json: AsJson = False) -> None:
+    """Lift the suspension of TENANT."""
+    _suspend(ctx, tenant, False, reason, as_json)
+
+
+@keys.command("create")
+def key_create(ctx: typer.Context, tenant: TenantArg,
+               name: Annotated[str, typer.Option(help="label of the key")] = "default",
+               as_json: AsJson = False) -> None:
+    """Issue an API key for TENANT. The secret is printed once and cannot be shown again."""
+    with client(ctx) as c:
+        created = c.create_api_key(tenant, name)
+    warning = ("this secret is shown once and cannot be shown again: store it now "
+               "(e.g. export KESTREL_API_KEY=...)")
+    if want_json(ctx, as_json):
+        print_json(created)
+        err_console.print(f"[yellow]warning[/] {warning}", soft_wrap=True)
+        return
+    console.print(f"API key [bold]{escape(created.key_id)}[/] for tenant "
+                  f"[bold]{escape(created.tenant)}[/] ({escape(created.name)})")
+    console.print(escape(created.secret), highlight=False, soft_wrap=True)
+    err_console.print(f"[yellow]warning[/] {warning}", soft_wrap=True)
+
+
+@keys.command("revoke")
+def key_revoke(ctx: typer.Context, key_id: Annotated[str, typer.Argument(help="key id")],
+               as_json: AsJson = False) -> None:
+    """Revoke an API key: calls with it are refused from now on."""
+    with client(ctx) as c:
+        key = c.revoke_api_key(key_id)
+    if want_json(ctx, as_json):
+        print_json(key)
+    else:
+        console.print(render.key_table(key))
+
+
+def top_up(ctx: typer.Context, tenant: TenantArg,
+           amount: Annotated[str, typer.Argument(help="credits to add, a decimal")],
+           top_up_id: Annotated[str, typer.Option(
+               "--top-up-id", help="makes a retry safe: the same id applies once")] = "",
+           note: Annotated[str, typer.Option()] = "", as_json: AsJson = False) -> None:
+    """Operator: add AMOUNT credits to TENANT (through the gateway and the meter)."""
+    with client(ctx) as c:
+        result = c.top_up(tenant, amount, top_up_id or None, note)
+    if want_json(ctx, as_json):
+        print_json(result)
+        return
+    console.print("applied" if result.applied else "already applied (same top-up id)")
+    console.print(render.runway_table(result.runway))

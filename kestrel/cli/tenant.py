@@ -1,0 +1,159 @@
+"""Tenant commands through the gateway (API key): submit, jobs, job, cancel, watch,
+runway and usage."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from kestrel.cli import render
+from kestrel.cli._common import (
+    AsJson,
+    client,
+    console,
+    err_console,
+    parse_duration,
+    parse_pairs,
+    parse_states,
+    print_json,
+    want_json,
+)
+from kestrel.sdk import Job
+
+JobId = Annotated[str, typer.Argument(help="job id")]
+
+
+def submit(ctx: typer.Context,
+           name: Annotated[str, typer.Option(help="job name: a-z, 0-9 and -")],
+           gpus: Annotated[int, typer.Option(help="whole GPUs")],
+           max_duration: Annotated[int, typer.Option(
+               "--max-duration", parser=parse_duration, metavar="DURATION",
+               help="hard upper bound of the run: seconds, or 90s, 15m, 2h; the budget "
+                    "reserved is gpus x max duration x price")],
+           command: Annotated[list[str] | None, typer.Argument(
+               help="command to run, after --", show_default=False)] = None,
+           flavor: Annotated[str, typer.Option(help="preferred flavor, e.g. gpu-h100")] = "",
+           image: Annotated[str, typer.Option(help="container image (CPU work)")] = "",
+           priority: Annotated[int, typer.Option(
+               help="higher runs first among held jobs")] = 0,
+           label: Annotated[list[str] | None, typer.Option(
+               "--label", metavar="KEY=VALUE", help="repeatable")] = None,
+           sim_duration: Annotated[int, typer.Option(
+               "--sim-duration", parser=parse_duration, metavar="DURATION",
+               help="simulated run time on a fake GPU node")] = 0,
+           idempotency_key: Annotated[str, typer.Option(
+               "--idempotency-key", help="the same key returns the same job")] = "",
+           as_json: AsJson = False) -> None:
+    """Submit a job. It is admitted, held or rejected against the tenant's runway."""
+    labels = parse_pairs(label or [], "--label")
+    with client(ctx) as c:
+        job = c.submit_job(name=name, gpus=gpus, max_duration_s=max_duration, flavor=flavor,
+                           image=image, command=tuple(command or ()), priority=priority,
+                           labels=labels, sim_duration_s=sim_duration,
+                           idempotency_key=idempotency_key)
+    if want_json(ctx, as_json):
+        print_json(job)
+    else:
+        console.print(render.job_table(job))
+
+
+def jobs(ctx: typer.Context,
+         state: Annotated[list[str] | None, typer.Option(
+             "--state", help="only jobs in this state, repeatable: held, running, ...")] = None,
+         limit: Annotated[int, typer.Option(min=1, help="show at most N jobs")] = 100,
+         as_json: AsJson = False) -> None:
+    """The tenant's jobs."""
+    states = parse_states(state or [])
+    with client(ctx) as c:
+        found = list(itertools.islice(c.list_jobs(states, page_size=min(limit, 1000)), limit))
+    if want_json(ctx, as_json):
+        print_json(found)
+    else:
+        console.print(render.jobs_table(found))
+
+
+def job(ctx: typer.Context, job_id: JobId, as_json: AsJson = False) -> None:
+    """One job in detail."""
+    with client(ctx) as c:
+        j = c.get_job(job_id)
+    if want_json(ctx, as_json):
+        print_json(j)
+    else:
+        console.print(render.job_table(j))
+
+
+def cancel(ctx: typer.Context, job_id: JobId,
+           reason: Annotated[str, typer.Option(help="why, shown on the job")] = "",
+           as_json: AsJson = False) -> None:
+    """Cancel a job; its unused reservation returns to the runway."""
+    with client(ctx) as c:
+        j = c.cancel_job(job_id, reason)
+    if want_json(ctx, as_json):
+        print_json(j)
+    else:
+        console.print(render.job_table(j))
+
+
+def _change_line(j: Job) -> str:
+    now = render.when(datetime.now(UTC))
+    reason = f"  {escape(j.reason)}" if j.reason else ""
+    flavor = f"  on {escape(j.flavor)}" if j.flavor else ""
+    return f"{now}  {escape(j.job_id)}  {render.state(j.state)}{flavor}{reason}"
+
+
+def watch(ctx: typer.Context, job_id: JobId,
+          as_json: Annotated[bool, typer.Option(
+              "--json", help="one JSON object per line")] = False) -> None:
+    """Print each state change of a job until it ends.
+
+    Ends at succeeded, failed, cancelled, evicted or rejected."""
+    json_lines = want_json(ctx, as_json)
+    last: Job | None = None
+    with client(ctx) as c:
+        for snapshot in c.watch_job(job_id):
+            if last is not None and (snapshot.state, snapshot.reason, snapshot.flavor) == (
+                    last.state, last.reason, last.flavor):
+                continue
+            last = snapshot
+            if json_lines:
+                print_json(snapshot, lines=True)
+            else:
+                console.print(_change_line(snapshot), soft_wrap=True, highlight=False)
+    if last is None or not last.terminal:
+        seen = last.state.value if last is not None else "nothing"
+        err_console.print(f"[yellow]warning[/] the gateway ended the watch of "
+                          f"{escape(job_id)} before a terminal state (last seen: {seen})",
+                          soft_wrap=True)
+        raise typer.Exit(1)
+
+
+def runway(ctx: typer.Context, as_json: AsJson = False) -> None:
+    """The tenant's runway: credits, charged, reserved, remaining, burn and time left."""
+    with client(ctx) as c:
+        r = c.runway()
+    if want_json(ctx, as_json):
+        print_json(r)
+    else:
+        console.print(render.runway_table(r))
+
+
+def usage(ctx: typer.Context,
+          start_us: Annotated[int, typer.Option(
+              "--start-us", min=0, help="rows ending after this instant (0: unbounded)")] = 0,
+          end_us: Annotated[int, typer.Option(
+              "--end-us", min=0, help="rows starting before this instant (0: unbounded)")] = 0,
+          workload: Annotated[str, typer.Option(help="only rows of this job/workload")] = "",
+          limit: Annotated[int, typer.Option(min=1, help="show at most N rows")] = 100,
+          as_json: AsJson = False) -> None:
+    """The tenant's ledger rows (what was metered, oldest first)."""
+    with client(ctx) as c:
+        rows = list(itertools.islice(
+            c.usage(start_us, end_us, workload, page_size=min(limit, 1000)), limit))
+    if want_json(ctx, as_json):
+        print_json(rows)
+    else:
+        console.print(render.usage_table(rows))

@@ -1,0 +1,88 @@
+"""Python SDK of Kestrel's public gRPC API (kestrel.v1.Gateway).
+
+    import kestrel
+    with kestrel.Client(api_key="ks_...") as c:
+        job = c.submit_job(name="train", gpus=2, max_duration_s=600)
+        for snapshot in c.watch_job(job.job_id):
+            print(snapshot.state, snapshot.reason)
+
+`kestrel.AsyncClient` offers the same methods for asyncio. Results are frozen
+dataclasses of this package (never protobuf messages); money is `Decimal`;
+failures raise `KestrelError` subclasses carrying the gRPC code.
+"""
+
+from kestrel.sdk._async import AsyncClient
+from kestrel.sdk._common import (
+    DEFAULT_ADDRESS,
+    ENV_ADDRESS,
+    ENV_API_KEY,
+    ENV_OPERATOR_TOKEN,
+)
+from kestrel.sdk._convert import (
+    ApiKey,
+    ApiKeyCreated,
+    Job,
+    JobSpec,
+    JobState,
+    Runway,
+    Tenant,
+    TopUpResult,
+    UsageRow,
+    to_jsonable,
+)
+from kestrel.sdk._errors import (
+    Aborted,
+    AlreadyExists,
+    Cancelled,
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    KestrelError,
+    MissingCredential,
+    NotFound,
+    PermissionDenied,
+    RateLimited,
+    Unauthenticated,
+    Unavailable,
+    Unimplemented,
+    from_rpc_error,
+    from_status,
+)
+from kestrel.sdk._sync import Client
+
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "ENV_ADDRESS",
+    "ENV_API_KEY",
+    "ENV_OPERATOR_TOKEN",
+    "Aborted",
+    "AlreadyExists",
+    "ApiKey",
+    "ApiKeyCreated",
+    "AsyncClient",
+    "Cancelled",
+    "Client",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "Internal",
+    "InvalidArgument",
+    "Job",
+    "JobSpec",
+    "JobState",
+    "KestrelError",
+    "MissingCredential",
+    "NotFound",
+    "PermissionDenied",
+    "RateLimited",
+    "Runway",
+    "Tenant",
+    "TopUpResult",
+    "Unauthenticated",
+    "Unavailable",
+    "Unimplemented",
+    "UsageRow",
+    "from_rpc_error",
+    "from_status",
+    "to_jsonable",
+]

@@ -1,0 +1,224 @@
+"""`kestrel.AsyncClient`: the grpc.aio client of the public kestrel.v1.Gateway API.
+
+The same methods as `kestrel.Client`, as coroutines; the listing methods and
+`watch_job` return async iterators (`async for job in client.list_jobs(): ...`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from decimal import Decimal
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from kestrel.sdk._common import DEFAULT_PAGE_SIZE, Settings, check_page_size
+from kestrel.sdk._convert import (
+    ApiKey,
+    ApiKeyCreated,
+    Job,
+    JobState,
+    Runway,
+    Tenant,
+    TopUpResult,
+    UsageRow,
+    create_tenant_request,
+    list_jobs_request,
+    money_text,
+    submit_job_request,
+)
+from kestrel.sdk._errors import from_rpc_error
+from kestrel.v1 import gateway_pb2, gateway_pb2_grpc
+
+R = TypeVar("R")
+
+
+class AsyncClient:
+    """asyncio client (grpc.aio). Credentials and defaults as for `kestrel.Client`.
+
+    Use `async with AsyncClient() as c:` (or `await c.close()`).
+    """
+
+    def __init__(self, address: str | None = None, *, api_key: str | None = None,
+                 operator_token: str | None = None, timeout_s: float = 10.0,
+                 channel_credentials: grpc.ChannelCredentials | None = None) -> None:
+        self._settings = Settings.resolve(address, api_key, operator_token, timeout_s)
+        addr = self._settings.address
+        self._channel: grpc.aio.Channel = (
+            grpc.aio.secure_channel(addr, channel_credentials)
+            if channel_credentials is not None else grpc.aio.insecure_channel(addr))
+        self._stub = gateway_pb2_grpc.GatewayStub(self._channel)
+
+    @property
+    def address(self) -> str:
+        return self._settings.address
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def _call(self, method: Callable[..., Awaitable[R]], request: Any, *,
+                    operator: bool) -> R:
+        metadata, request_id = self._settings.metadata(operator=operator)
+        try:
+            return await method(request, metadata=metadata, timeout=self._settings.timeout_s)
+        except grpc.RpcError as exc:  # grpc.aio.AioRpcError is one
+            raise from_rpc_error(exc, request_id=request_id) from exc
+
+    # --- operator ---------------------------------------------------------------------
+
+    async def create_tenant(self, tenant: str, *, display_name: str = "",
+                            gpu_quota: Mapping[str, int], rate_per_s: float, burst: int,
+                            initial_credits: Decimal | str) -> Tenant:
+        req = create_tenant_request(tenant, display_name=display_name, gpu_quota=gpu_quota,
+                                    rate_per_s=rate_per_s, burst=burst,
+                                    initial_credits=initial_credits)
+        resp = await self._call(self._stub.CreateTenant, req, operator=True)
+        return Tenant.from_pb(resp.tenant, resp.runway if resp.HasField("runway") else None)
+
+    async def get_tenant(self, tenant: str) -> Tenant:
+        resp = await self._call(self._stub.GetTenant,
+                                gateway_pb2.GetTenantRequest(tenant=tenant), operator=True)
+        return Tenant.from_pb(resp.tenant, resp.runway if resp.HasField("runway") else None)
+
+    def list_tenants(self, *, page_size: int = DEFAULT_PAGE_SIZE) -> AsyncIterator[Tenant]:
+        """Every tenant, fetching page after page as the iterator advances."""
+        check_page_size(page_size)
+        self._settings.metadata(operator=True)
+
+        async def pages() -> AsyncIterator[Tenant]:
+            token = ""
+            while True:
+                resp = await self._call(self._stub.ListTenants, gateway_pb2.ListTenantsRequest(
+                    page_size=page_size, page_token=token), operator=True)
+                for t in resp.tenants:
+                    yield Tenant.from_pb(t)
+                token = resp.next_page_token
+                if not token:
+                    return
+
+        return pages()
+
+    async def suspend_tenant(self, tenant: str, suspended: bool = True,
+                             reason: str = "") -> Tenant:
+        resp = await self._call(self._stub.SuspendTenant, gateway_pb2.SuspendTenantRequest(
+            tenant=tenant, suspended=suspended, reason=reason), operator=True)
+        return Tenant.from_pb(resp.tenant)
+
+    async def create_api_key(self, tenant: str, name: str) -> ApiKeyCreated:
+        resp = await self._call(self._stub.CreateApiKey,
+                                gateway_pb2.CreateApiKeyRequest(tenant=tenant, name=name),
+                                operator=True)
+        return ApiKeyCreated.from_pb(resp)
+
+    async def revoke_api_key(self, key_id: str) -> ApiKey:
+        resp = await self._call(self._stub.RevokeApiKey,
+                                gateway_pb2.RevokeApiKeyRequest(key_id=key_id), operator=True)
+        return ApiKey.from_pb(resp.key)
+
+    async def top_up(self, tenant: str, amount: Decimal | str, top_up_id: str | None = None,
+                     note: str = "") -> TopUpResult:
+        resp = await self._call(self._stub.TopUp, gateway_pb2.GatewayTopUpRequest(
+            tenant=tenant, amount=money_text(amount), top_up_id=top_up_id or "", note=note),
+            operator=True)
+        return TopUpResult(applied=resp.applied, runway=Runway.from_pb(resp.runway))
+
+    # --- tenant -----------------------------------------------------------------------
+
+    async def submit_job(self, *, name: str, gpus: int, max_duration_s: int,
+                         flavor: str = "", image: str = "", command: Iterable[str] = (),
+                         priority: int = 0, labels: Mapping[str, str] | None = None,
+                         sim_duration_s: int = 0, idempotency_key: str = "") -> Job:
+        req = submit_job_request(name=name, gpus=gpus, max_duration_s=max_duration_s,
+                                 flavor=flavor, image=image, command=command,
+                                 priority=priority, labels=labels,
+                                 sim_duration_s=sim_duration_s,
+                                 idempotency_key=idempotency_key)
+        return Job.from_pb((await self._call(self._stub.SubmitJob, req, operator=False)).job)
+
+    async def get_job(self, job_id: str) -> Job:
+        resp = await self._call(self._stub.GetJob, gateway_pb2.GetJobRequest(job_id=job_id),
+                                operator=False)
+        return Job.from_pb(resp.job)
+
+    def list_jobs(self, states: Iterable[JobState | str] = (),
+                  page_size: int = DEFAULT_PAGE_SIZE) -> AsyncIterator[Job]:
+        """Every job of the tenant (only in `states` when given), page after page."""
+        check_page_size(page_size)
+        first = list_jobs_request(states, page_size, "")
+        self._settings.metadata(operator=False)
+
+        async def pages() -> AsyncIterator[Job]:
+            req = first
+            while True:
+                resp = await self._call(self._stub.ListJobs, req, operator=False)
+                for j in resp.jobs:
+                    yield Job.from_pb(j)
+                if not resp.next_page_token:
+                    return
+                req = gateway_pb2.ListJobsRequest()
+                req.CopyFrom(first)
+                req.page_token = resp.next_page_token
+
+        return pages()
+
+    async def cancel_job(self, job_id: str, reason: str = "") -> Job:
+        resp = await self._call(self._stub.CancelJob,
+                                gateway_pb2.CancelJobRequest(job_id=job_id, reason=reason),
+                                operator=False)
+        return Job.from_pb(resp.job)
+
+    def watch_job(self, job_id: str, *, timeout_s: float | None = None) -> AsyncIterator[Job]:
+        """Snapshots of the job as the server streams them, ending after a terminal state
+        (or when the server ends the stream). No deadline unless `timeout_s` is given."""
+        metadata, request_id = self._settings.metadata(operator=False)
+
+        async def snapshots() -> AsyncIterator[Job]:
+            call = self._stub.WatchJob(gateway_pb2.WatchJobRequest(job_id=job_id),
+                                       metadata=metadata, timeout=timeout_s)
+            try:
+                async for resp in call:
+                    job = Job.from_pb(resp.job)
+                    yield job
+                    if job.terminal:
+                        return
+            except grpc.RpcError as exc:
+                raise from_rpc_error(exc, request_id=request_id) from exc
+            finally:
+                call.cancel()
+
+        return snapshots()
+
+    async def runway(self) -> Runway:
+        resp = await self._call(self._stub.GetMyRunway, gateway_pb2.GetMyRunwayRequest(),
+                                operator=False)
+        return Runway.from_pb(resp.runway)
+
+    def usage(self, start_us: int = 0, end_us: int = 0, workload_id: str = "", *,
+              page_size: int = DEFAULT_PAGE_SIZE) -> AsyncIterator[UsageRow]:
+        """The tenant's ledger rows overlapping [start_us, end_us) (0: unbounded), oldest
+        first, page after page."""
+        check_page_size(page_size)
+        self._settings.metadata(operator=False)
+
+        async def pages() -> AsyncIterator[UsageRow]:
+            token = ""
+            while True:
+                resp = await self._call(self._stub.ListMyUsage, gateway_pb2.ListMyUsageRequest(
+                    start_us=start_us, end_us=end_us, workload_id=workload_id,
+                    page_size=page_size, page_token=token), operator=False)
+                for r in resp.rows:
+                    yield UsageRow.from_pb(r)
+                token = resp.next_page_token
+                if not token:
+                    return
+
+        return pages()

@@ -1,0 +1,221 @@
+"""`kestrel.Client`: the blocking client of the public kestrel.v1.Gateway API."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from decimal import Decimal
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+
+from kestrel.sdk._common import DEFAULT_PAGE_SIZE, Settings, check_page_size
+from kestrel.sdk._convert import (
+    ApiKey,
+    ApiKeyCreated,
+    Job,
+    JobState,
+    Runway,
+    Tenant,
+    TopUpResult,
+    UsageRow,
+    create_tenant_request,
+    list_jobs_request,
+    money_text,
+    submit_job_request,
+)
+from kestrel.sdk._errors import from_rpc_error
+from kestrel.v1 import gateway_pb2, gateway_pb2_grpc
+
+R = TypeVar("R")
+
+
+class Client:
+    """Blocking client. Tenant calls authenticate with `api_key`, operator calls with
+    `operator_token`; unset arguments come from KESTREL_GATEWAY_ADDR, KESTREL_API_KEY and
+    KESTREL_OPERATOR_TOKEN. Every failure raises a `kestrel.sdk.KestrelError` subclass.
+
+    Use as a context manager (or call `close()`) to release the channel.
+    """
+
+    def __init__(self, address: str | None = None, *, api_key: str | None = None,
+                 operator_token: str | None = None, timeout_s: float = 10.0,
+                 channel_credentials: grpc.ChannelCredentials | None = None) -> None:
+        self._settings = Settings.resolve(address, api_key, operator_token, timeout_s)
+        addr = self._settings.address
+        self._channel: grpc.Channel = (
+            grpc.secure_channel(addr, channel_credentials) if channel_credentials is not None
+            else grpc.insecure_channel(addr))
+        self._stub = gateway_pb2_grpc.GatewayStub(self._channel)
+
+    @property
+    def address(self) -> str:
+        return self._settings.address
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _call(self, method: Callable[..., R], request: Any, *, operator: bool) -> R:
+        metadata, request_id = self._settings.metadata(operator=operator)
+        try:
+            return method(request, metadata=metadata, timeout=self._settings.timeout_s)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, request_id=request_id) from exc
+
+    # --- operator ---------------------------------------------------------------------
+
+    def create_tenant(self, tenant: str, *, display_name: str = "",
+                      gpu_quota: Mapping[str, int], rate_per_s: float, burst: int,
+                      initial_credits: Decimal | str) -> Tenant:
+        req = create_tenant_request(tenant, display_name=display_name, gpu_quota=gpu_quota,
+                                    rate_per_s=rate_per_s, burst=burst,
+                                    initial_credits=initial_credits)
+        resp = self._call(self._stub.CreateTenant, req, operator=True)
+        return Tenant.from_pb(resp.tenant, resp.runway if resp.HasField("runway") else None)
+
+    def get_tenant(self, tenant: str) -> Tenant:
+        resp = self._call(self._stub.GetTenant, gateway_pb2.GetTenantRequest(tenant=tenant),
+                          operator=True)
+        return Tenant.from_pb(resp.tenant, resp.runway if resp.HasField("runway") else None)
+
+    def list_tenants(self, *, page_size: int = DEFAULT_PAGE_SIZE) -> Iterator[Tenant]:
+        """Every tenant, fetching page after page as the iterator advances."""
+        check_page_size(page_size)
+        self._settings.metadata(operator=True)  # missing credential fails here, not later
+
+        def pages() -> Iterator[Tenant]:
+            token = ""
+            while True:
+                resp = self._call(self._stub.ListTenants, gateway_pb2.ListTenantsRequest(
+                    page_size=page_size, page_token=token), operator=True)
+                for t in resp.tenants:
+                    yield Tenant.from_pb(t)
+                token = resp.next_page_token
+                if not token:
+                    return
+
+        return pages()
+
+    def suspend_tenant(self, tenant: str, suspended: bool = True, reason: str = "") -> Tenant:
+        resp = self._call(self._stub.SuspendTenant, gateway_pb2.SuspendTenantRequest(
+            tenant=tenant, suspended=suspended, reason=reason), operator=True)
+        return Tenant.from_pb(resp.tenant)
+
+    def create_api_key(self, tenant: str, name: str) -> ApiKeyCreated:
+        resp = self._call(self._stub.CreateApiKey,
+                          gateway_pb2.CreateApiKeyRequest(tenant=tenant, name=name),
+                          operator=True)
+        return ApiKeyCreated.from_pb(resp)
+
+    def revoke_api_key(self, key_id: str) -> ApiKey:
+        resp = self._call(self._stub.RevokeApiKey,
+                          gateway_pb2.RevokeApiKeyRequest(key_id=key_id), operator=True)
+        return ApiKey.from_pb(resp.key)
+
+    def top_up(self, tenant: str, amount: Decimal | str, top_up_id: str | None = None,
+               note: str = "") -> TopUpResult:
+        """Add credits. The same `top_up_id` applies once (`applied` False on a repeat);
+        without one the server assigns a fresh id."""
+        resp = self._call(self._stub.TopUp, gateway_pb2.GatewayTopUpRequest(
+            tenant=tenant, amount=money_text(amount), top_up_id=top_up_id or "", note=note),
+            operator=True)
+        return TopUpResult(applied=resp.applied, runway=Runway.from_pb(resp.runway))
+
+    # --- tenant -----------------------------------------------------------------------
+
+    def submit_job(self, *, name: str, gpus: int, max_duration_s: int, flavor: str = "",
+                   image: str = "", command: Iterable[str] = (), priority: int = 0,
+                   labels: Mapping[str, str] | None = None, sim_duration_s: int = 0,
+                   idempotency_key: str = "") -> Job:
+        req = submit_job_request(name=name, gpus=gpus, max_duration_s=max_duration_s,
+                                 flavor=flavor, image=image, command=command,
+                                 priority=priority, labels=labels,
+                                 sim_duration_s=sim_duration_s,
+                                 idempotency_key=idempotency_key)
+        return Job.from_pb(self._call(self._stub.SubmitJob, req, operator=False).job)
+
+    def get_job(self, job_id: str) -> Job:
+        resp = self._call(self._stub.GetJob, gateway_pb2.GetJobRequest(job_id=job_id),
+                          operator=False)
+        return Job.from_pb(resp.job)
+
+    def list_jobs(self, states: Iterable[JobState | str] = (),
+                  page_size: int = DEFAULT_PAGE_SIZE) -> Iterator[Job]:
+        """Every job of the tenant (only in `states` when given), page after page."""
+        check_page_size(page_size)
+        first = list_jobs_request(states, page_size, "")  # bad state names fail here
+        self._settings.metadata(operator=False)
+
+        def pages() -> Iterator[Job]:
+            req = first
+            while True:
+                resp = self._call(self._stub.ListJobs, req, operator=False)
+                for j in resp.jobs:
+                    yield Job.from_pb(j)
+                if not resp.next_page_token:
+                    return
+                req = gateway_pb2.ListJobsRequest()
+                req.CopyFrom(first)
+                req.page_token = resp.next_page_token
+
+        return pages()
+
+    def cancel_job(self, job_id: str, reason: str = "") -> Job:
+        resp = self._call(self._stub.CancelJob,
+                          gateway_pb2.CancelJobRequest(job_id=job_id, reason=reason),
+                          operator=False)
+        return Job.from_pb(resp.job)
+
+    def watch_job(self, job_id: str, *, timeout_s: float | None = None) -> Iterator[Job]:
+        """Snapshots of the job as the server streams them, ending after a terminal state
+        (or when the server ends the stream). No deadline unless `timeout_s` is given."""
+        metadata, request_id = self._settings.metadata(operator=False)
+
+        def snapshots() -> Iterator[Job]:
+            call = self._stub.WatchJob(gateway_pb2.WatchJobRequest(job_id=job_id),
+                                       metadata=metadata, timeout=timeout_s)
+            try:
+                for resp in call:
+                    job = Job.from_pb(resp.job)
+                    yield job
+                    if job.terminal:
+                        return
+            except grpc.RpcError as exc:
+                raise from_rpc_error(exc, request_id=request_id) from exc
+            finally:
+                call.cancel()
+
+        return snapshots()
+
+    def runway(self) -> Runway:
+        resp = self._call(self._stub.GetMyRunway, gateway_pb2.GetMyRunwayRequest(),
+                          operator=False)
+        return Runway.from_pb(resp.runway)
+
+    def usage(self, start_us: int = 0, end_us: int = 0, workload_id: str = "", *,
+              page_size: int = DEFAULT_PAGE_SIZE) -> Iterator[UsageRow]:
+        """The tenant's ledger rows overlapping [start_us, end_us) (0: unbounded), oldest
+        first, page after page."""
+        check_page_size(page_size)
+        self._settings.metadata(operator=False)
+
+        def pages() -> Iterator[UsageRow]:
+            token = ""
+            while True:
+                resp = self._call(self._stub.ListMyUsage, gateway_pb2.ListMyUsageRequest(
+                    start_us=start_us, end_us=end_us, workload_id=workload_id,
+                    page_size=page_size, page_token=token), operator=False)
+                for r in resp.rows:
+                    yield UsageRow.from_pb(r)
+                token = resp.next_page_token
+                if not token:
+                    return
+
+        return pages()
