@@ -38,8 +38,8 @@ def _show_tenant(ctx: typer.Context, t: Tenant, as_json: bool) -> None:
 
 @tenants.command("create")
 def create(ctx: typer.Context, tenant: TenantArg,
-           credits: Annotated[str, typer.Option("--credits",
-                                                help="initial credits, a decimal")],
+           credits: Annotated[str, typer.Option(
+               "--credits", help="first credits, a decimal (none when omitted)")] = "",
            quota: Annotated[list[str] | None, typer.Option(
                "--quota", metavar="FLAVOR=GPUS",
                help="GPU quota per flavor, repeatable: --quota gpu-h100=8")] = None,
@@ -48,7 +48,7 @@ def create(ctx: typer.Context, tenant: TenantArg,
            burst: Annotated[int, typer.Option(help="API request burst")] = 20,
            display_name: Annotated[str, typer.Option("--display-name")] = "",
            as_json: AsJson = False) -> None:
-    """Create TENANT with its first credits, GPU quota and API rate limit."""
+    """Create TENANT with its GPU quota, API rate limit and first credits."""
     gpu_quota = parse_quota(quota or [])
     with client(ctx) as c:
         t = c.create_tenant(tenant, display_name=display_name, gpu_quota=gpu_quota,
