@@ -68,13 +68,20 @@ class AdmitResponse(_message.Message):
     RESERVED_FIELD_NUMBER: _builtins.int
     PRICED_FLAVOR_FIELD_NUMBER: _builtins.int
     RUNWAY_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
     decision: Global___Decision.ValueType
     reason: _builtins.str
     """In words a person can read, e.g. "needs 12.0 credits, 3.5 remain"."""
     reserved: _builtins.str
     priced_flavor: _builtins.str
     @_builtins.property
-    def runway(self) -> _common_pb2.Runway: ...
+    def runway(self) -> _common_pb2.Runway:
+        """The tenant's budget right after the decision."""
+
+    @_builtins.property
+    def job(self) -> _common_pb2.Job:
+        """The job as stored (an existing job when the id or idempotency key repeats)."""
+
     def __init__(
         self,
         *,
@@ -83,10 +90,11 @@ class AdmitResponse(_message.Message):
         reserved: _builtins.str = ...,
         priced_flavor: _builtins.str = ...,
         runway: _common_pb2.Runway | None = ...,
+        job: _common_pb2.Job | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["runway", b"runway"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "runway", b"runway"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "priced_flavor", b"priced_flavor", "reason", b"reason", "reserved", b"reserved", "runway", b"runway"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "job", b"job", "priced_flavor", b"priced_flavor", "reason", b"reason", "reserved", b"reserved", "runway", b"runway"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -122,15 +130,19 @@ class ReleaseResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RELEASED_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
     released: _builtins.bool
+    @_builtins.property
+    def job(self) -> _common_pb2.Job: ...
     def __init__(
         self,
         *,
         released: _builtins.bool = ...,
+        job: _common_pb2.Job | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["released", b"released"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "released", b"released"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
