@@ -64,6 +64,10 @@ class Unavailable(KestrelError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class Unimplemented(KestrelError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
 @dataclass
 class ResourceExhausted(KestrelError):
     message: str

@@ -8,6 +8,8 @@ import logging
 from dataclasses import dataclass
 from decimal import Decimal
 
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry
 
@@ -87,6 +89,33 @@ async def _lag_loop(js: JetStreamContext, metrics: MeterMetrics, stop: asyncio.E
             await asyncio.wait_for(stop.wait(), timeout=2.0)
 
 
+async def _follow_holds(nc: NATS, meter: Meter, stop: asyncio.Event) -> None:
+    """Admission's job state changes move reservations: re-read them per tenant,
+    coalesced (a burst of submissions costs one query per tenant per 50 ms)."""
+    dirty: set[str] = set()
+    wake = asyncio.Event()
+
+    async def on_state(msg: Msg) -> None:
+        dirty.add(msg.subject.rsplit(".", 1)[-1])
+        wake.set()
+
+    sub = await nc.subscribe("kestrel.jobs.state.>", cb=on_state)
+    try:
+        while not stop.is_set():
+            await wake.wait()
+            wake.clear()
+            await asyncio.sleep(0.05)
+            tenants = sorted(dirty)
+            dirty.clear()
+            try:
+                await meter.reservation_changed(tenants)
+            except Exception:
+                log.exception("re-reading reservations failed")
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
 async def run(config: MeterConfig, stop: asyncio.Event) -> None:
     pool = await create_pool(config.endpoints.postgres_dsn, max_size=6)
     nc = await bus.connect(config.endpoints.nats_url, "meter")
@@ -120,6 +149,7 @@ async def run(config: MeterConfig, stop: asyncio.Event) -> None:
     consumer_task = asyncio.create_task(consumer.run(), name="consumer")
     tick_task = asyncio.create_task(_tick_loop(meter, config.settings.tick_s, stop), name="tick")
     lag_task = asyncio.create_task(_lag_loop(js, metrics, stop), name="lag")
+    holds_task = asyncio.create_task(_follow_holds(nc, meter, stop), name="holds")
     log.info("meter serving gRPC on %s, metrics on %s:%d", server.address, config.host,
              config.metrics_port)
     try:
@@ -135,7 +165,7 @@ async def run(config: MeterConfig, stop: asyncio.Event) -> None:
         consumer.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(consumer_task, timeout=10)
-        for t in (tick_task, lag_task):
+        for t in (tick_task, lag_task, holds_task):
             t.cancel()
         await server.stop(grace_s=3)
         if http is not None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import re
 import uuid
 from decimal import Decimal
@@ -15,6 +13,7 @@ from kestrel.clock import now_us
 from kestrel.errors import NotFound, Violations
 from kestrel.grpcserver import map_errors
 from kestrel.money import MoneyError, fmt, parse_amount
+from kestrel.paging import decode_int_token, encode_token
 from kestrel.v1 import meter_pb2, meter_pb2_grpc
 from services.meter.core import Meter
 from services.meter.wire import row_to_wire, runway_to_wire
@@ -32,28 +31,6 @@ def check_tenant(v: Violations, tenant: str, field: str = "tenant") -> None:
     if not TENANT_RE.match(tenant):
         v.add(field, "must be 1-63 characters of a-z, 0-9 and '-', starting and ending "
                      "with a letter or digit")
-
-
-def _digest(query: tuple[object, ...]) -> str:
-    return hashlib.sha256(repr(query).encode()).hexdigest()[:12]
-
-
-def encode_token(after_row_id: int, query: tuple[object, ...]) -> str:
-    raw = f"{after_row_id}|{_digest(query)}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_token(token: str, query: tuple[object, ...]) -> int | None:
-    """The row id to continue after; None when the token is not ours or not for this query."""
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        after, digest = raw.split("|")
-        if digest != _digest(query):
-            return None
-        value = int(after)
-        return value if value >= 0 else None
-    except (ValueError, UnicodeDecodeError):
-        return None
 
 
 @map_errors
@@ -86,7 +63,7 @@ class MeterServicer(meter_pb2_grpc.MeterServicer):
         query = (request.tenant, request.start_us, request.end_us, request.workload_id)
         after = 0
         if request.page_token:
-            decoded = decode_token(request.page_token, query)
+            decoded = decode_int_token(request.page_token, query)
             if decoded is None:
                 v.add("page_token", "is not a token this query returned")
             else:

@@ -105,14 +105,19 @@ class MeterStore:
                       {t: n for t, (_, n) in credits.items()}, usage, int(seq), tenants)
 
     async def reserved(self, tenants: Sequence[str]) -> dict[str, Decimal]:
-        """Unconsumed part of open reservations: sum(max(0, amount - charged so far))."""
+        """Unconsumed part of open reservations: sum(max(0, amount - charged so far)).
+
+        A reservation whose allocation is closed holds nothing: its final cost is
+        in `charged` (committed in the same transaction as the close)."""
         rows = await self.pool.fetch("""
             SELECT r.tenant, sum(greatest(r.amount - coalesce(u.cost, 0), 0)) AS held
             FROM reservations r
             LEFT JOIN reservation_releases x ON x.reservation_id = r.reservation_id
+            LEFT JOIN allocations a ON a.workload_id = r.workload_id
             LEFT JOIN LATERAL (SELECT sum(l.cost) AS cost FROM ledger l
                                WHERE l.workload_id = r.workload_id) u ON true
             WHERE x.reservation_id IS NULL AND r.tenant = ANY($1::text[])
+              AND (a.status IS NULL OR a.status <> 2)
             GROUP BY r.tenant""", list(tenants))
         out = dict.fromkeys(tenants, ZERO)
         out.update({r["tenant"]: r["held"] for r in rows})

@@ -1,0 +1,34 @@
+"""Opaque page tokens bound to the query that issued them."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+
+def _digest(query: tuple[object, ...]) -> str:
+    return hashlib.sha256(repr(query).encode()).hexdigest()[:12]
+
+
+def encode_token(after: str | int, query: tuple[object, ...]) -> str:
+    raw = f"{after}|{_digest(query)}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_token(token: str, query: tuple[object, ...]) -> str | None:
+    """The position to continue after; None when the token is not one this query issued."""
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+    after, sep, digest = raw.rpartition("|")
+    if not sep or digest != _digest(query):
+        return None
+    return after
+
+
+def decode_int_token(token: str, query: tuple[object, ...]) -> int | None:
+    after = decode_token(token, query)
+    if after is None or not after.isdigit():
+        return None
+    return int(after)
