@@ -1,0 +1,1 @@
+"""Admission: whether work runs. Reserves budget, holds or rejects jobs."""

@@ -1,0 +1,124 @@
+"""Wiring of the admission process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter
+
+from kestrel import bus
+from kestrel.clock import now_us
+from kestrel.config import Endpoints, env_int, env_str
+from kestrel.db import create_pool
+from kestrel.grpcserver import Server
+from kestrel.jobs import JobRow
+from kestrel.service import serve_metrics
+from kestrel.v1 import admission_pb2, admission_pb2_grpc
+from services.admission.consumers import Reevaluator, follow_runway, follow_workloads
+from services.admission.core import Admission
+from services.admission.domain import JobState
+from services.admission.servicer import AdmissionServicer
+from services.admission.store import AdmissionStore
+from services.admission.wire import job_admitted, state_changed
+
+log = logging.getLogger("kestrel.admission")
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    endpoints: Endpoints
+    host: str
+    grpc_port: int
+    metrics_port: int
+    max_node_gpus: int
+
+    @classmethod
+    def from_env(cls) -> AdmissionConfig:
+        return cls(Endpoints.from_env(), env_str("KESTREL_BIND_HOST", "127.0.0.1"),
+                   env_int("KESTREL_ADMISSION_PORT", 50052),
+                   env_int("KESTREL_ADMISSION_METRICS_PORT", 9152),
+                   env_int("KESTREL_MAX_NODE_GPUS", 8))
+
+
+async def _every(seconds: float, stop: asyncio.Event, fn: object) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=seconds)
+        if stop.is_set():
+            return
+        try:
+            await fn()  # type: ignore[operator]
+        except Exception:
+            log.exception("periodic task failed")
+
+
+async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
+    pool = await create_pool(config.endpoints.postgres_dsn, max_size=10)
+    nc = await bus.connect(config.endpoints.nats_url, "admission")
+    js = nc.jetstream()
+    await bus.retry_forever("ensure streams", lambda: bus.ensure_streams(js))
+    store = AdmissionStore(pool)
+    while not await store.schema_ready():
+        log.info("waiting for the meter's and the gateway's schema")
+        await asyncio.sleep(0.5)
+    await store.migrate()
+    registry = CollectorRegistry()
+    decisions = Counter("kestrel_admission_decisions", "Admission decisions",
+                        ["decision"], registry=registry)
+
+    async def publish(row: JobRow, prev: JobState | None) -> None:
+        decisions.labels(row.state.name.lower()).inc()
+        now = now_us()
+        sends = [bus.publish(js, bus.subject_job_state(row.tenant), state_changed(row, prev, now),
+                             f"state-{row.job_id}-{int(row.state)}")]
+        if row.state is JobState.ADMITTED:
+            sends.append(bus.publish(js, bus.subject_job_admitted(row.tenant), job_admitted(row),
+                                     f"admitted-{row.job_id}"))
+        try:
+            await asyncio.gather(*sends)
+        except Exception as exc:  # the job is committed; a restart republishes admissions
+            log.warning("publishing job %s failed: %s", row.job_id, exc)
+
+    admission = Admission(store, publish, max_node_gpus=config.max_node_gpus)
+    await admission.load()
+    for row in await store.admitted_not_placed():  # crash between commit and publish
+        await publish(row, JobState.ADMITTED)
+    reeval = Reevaluator(admission)
+
+    async def refresh_prices() -> None:
+        admission.prices = await store.prices()
+
+    async def sweep_held() -> None:
+        for tenant, book in list(admission.books.items()):
+            if book.held or book.holds:
+                reeval.request(tenant)
+
+    server = Server(config.host, config.grpc_port,
+                    [admission_pb2.DESCRIPTOR.services_by_name["Admission"].full_name])
+    admission_pb2_grpc.add_AdmissionServicer_to_server(AdmissionServicer(admission),
+                                                      server.server)
+    await server.start()
+    http = serve_metrics(registry, config.host, config.metrics_port)
+    tasks = [asyncio.create_task(follow_runway(js, reeval, stop)),
+             asyncio.create_task(follow_workloads(js, admission, reeval, stop)),
+             asyncio.create_task(_every(10, stop, refresh_prices)),
+             asyncio.create_task(_every(5, stop, sweep_held))]
+    log.info("admission serving gRPC on %s", server.address)
+    try:
+        await stop.wait()
+    finally:
+        stop.set()
+        await server.stop(grace_s=3)
+        for t in tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(t, timeout=3)
+        if http is not None:
+            http[0].shutdown()
+        with contextlib.suppress(Exception):
+            await nc.flush(timeout=2)
+            await nc.close()
+        await pool.close()
+        log.info("stopped")

@@ -1,0 +1,104 @@
+"""Transport: what admission hears on the bus.
+
+- kestrel.runway.> from the last-value stream (a restarted admission hears
+  every tenant at once): a changed runway may free held jobs, so the tenant
+  is re-evaluated (coalesced: one pending re-evaluation per tenant at a time).
+- kestrel.workload.> (durable consumer `admission`): job states follow
+  Kubernetes; acknowledged after the state change is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from kestrel.v1 import common_pb2, events_pb2
+from services.admission.core import Admission
+
+log = logging.getLogger("kestrel.admission.bus")
+
+
+class Reevaluator:
+    """Coalesces re-evaluation requests per tenant."""
+
+    def __init__(self, admission: Admission) -> None:
+        self.admission = admission
+        self.pending: set[str] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def request(self, tenant: str) -> None:
+        if tenant in self.pending:
+            return
+        self.pending.add(tenant)
+        task = asyncio.create_task(self._run(tenant))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, tenant: str) -> None:
+        try:
+            await asyncio.sleep(0)  # let a burst of messages coalesce
+            self.pending.discard(tenant)
+            await self.admission.reevaluate(tenant)
+        except Exception:
+            log.exception("re-evaluating %s failed", tenant)
+
+
+async def follow_runway(js: JetStreamContext, reeval: Reevaluator, stop: asyncio.Event) -> None:
+    async def on_msg(msg: Msg) -> None:
+        try:
+            tenant = events_pb2.RunwayChanged.FromString(msg.data).runway.tenant
+        except Exception:
+            log.error("undecodable runway message on %s", msg.subject)
+            return
+        book = reeval.admission.books.get(tenant)
+        if book is not None and (book.held or book.holds):
+            reeval.request(tenant)
+
+    sub = await js.subscribe("kestrel.runway.>", cb=on_msg, ordered_consumer=True,
+                             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+    await stop.wait()
+    with contextlib.suppress(Exception):
+        await sub.unsubscribe()
+
+
+async def follow_workloads(js: JetStreamContext, admission: Admission, reeval: Reevaluator,
+                           stop: asyncio.Event) -> None:
+    sub = await js.pull_subscribe(
+        "kestrel.workload.>", durable="admission", stream="KESTREL_WORKLOADS",
+        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1,
+                              max_ack_pending=10_000))
+    while not stop.is_set():
+        try:
+            msgs = await sub.fetch(256, timeout=0.5)
+        except (TimeoutError, NatsTimeout):
+            continue
+        except Exception as exc:
+            log.warning("fetch failed: %s", exc)
+            await asyncio.sleep(0.5)
+            continue
+        for m in msgs:
+            try:
+                e = events_pb2.WorkloadEvent.FromString(m.data)
+            except Exception:
+                await m.term()
+                continue
+            if e.kind != common_pb2.WORKLOAD_KIND_JOB:
+                await m.ack()
+                continue
+            while True:
+                try:
+                    await admission.workload_event(e.tenant, e.workload_id, e.type, e.time_us,
+                                                   e.reason)
+                    break
+                except Exception:
+                    log.exception("job state for %s failed; retrying", e.workload_id)
+                    await asyncio.sleep(1)
+            await m.ack()
+            if e.type in (3, 4, 5):
+                reeval.request(e.tenant)

@@ -1,0 +1,233 @@
+"""Admission's cycle, one tenant at a time.
+
+Decisions for a tenant are serialised by that tenant's lock (admission runs as
+one active instance), so two submissions racing for the last of a budget can
+never both be admitted. Each decision reads one snapshot of the ledger
+(credits, charges since the last look, the state of this tenant's started
+allocations), decides with the pure domain, commits, then publishes.
+
+A hold is spent when the meter has closed its allocation (its final cost is
+then in the ledger, written in the same transaction); until then it holds
+amount - consumed. A hold whose start admission has not yet heard of counts
+whole: never optimistic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from kestrel.clock import Clock, now_us
+from kestrel.errors import FailedPrecondition, NotFound
+from kestrel.jobs import JobRow
+from kestrel.money import ZERO
+from services.admission.domain import (
+    Budget,
+    Decision,
+    Hold,
+    JobAsk,
+    JobState,
+    Policy,
+    Verdict,
+    decide,
+    releasable,
+)
+from services.admission.store import AdmissionStore, Snapshot
+
+log = logging.getLogger("kestrel.admission")
+
+# (row, previous state or None for a new job, whether it was just admitted)
+Publisher = Callable[[JobRow, JobState | None], Awaitable[None]]
+
+
+@dataclass
+class Book:
+    """What admission remembers of one tenant between decisions."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    seq: int = 0
+    charged: Decimal = ZERO
+    holds: dict[str, Decimal] = field(default_factory=dict)
+    started: set[str] = field(default_factory=set)
+    held: dict[str, JobAsk] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    job: JobRow
+    decision: Decision
+    budget: Budget
+    duplicate: bool = False
+
+
+def ask_of(row: JobRow, flavor: str) -> JobAsk:
+    return JobAsk(row.job_id, row.tenant, row.gpus, flavor, row.max_duration_s, row.priority,
+                  row.seq)
+
+
+class Admission:
+    def __init__(self, store: AdmissionStore, publish: Publisher, *, max_node_gpus: int = 8,
+                 clock: Clock = now_us) -> None:
+        self.store = store
+        self.publish = publish
+        self.max_node_gpus = max_node_gpus
+        self.clock = clock
+        self.books: dict[str, Book] = {}
+        self.prices: dict[str, Decimal] = {}
+        self.flavor_of_held: dict[str, str] = {}
+
+    def book(self, tenant: str) -> Book:
+        b = self.books.get(tenant)
+        if b is None:
+            b = self.books[tenant] = Book()
+        return b
+
+    async def load(self) -> None:
+        self.prices = await self.store.prices()
+        for tenant, job_id, amount, state in await self.store.open_holds():
+            b = self.book(tenant)
+            b.holds[job_id] = amount
+            if JobState(state) not in (JobState.ADMITTED, JobState.QUEUED):
+                b.started.add(job_id)
+        for tenant in await self.store.held_tenants():
+            for row in await self.store.held(tenant):
+                self.book(tenant).held[row.job_id] = ask_of(row, self._flavor(row))
+
+    def _flavor(self, row: JobRow) -> str:
+        from kestrel.v1 import common_pb2
+
+        return common_pb2.JobSpec.FromString(row.spec).flavor
+
+    # --- the ledger snapshot -------------------------------------------------
+
+    async def _budget(self, tenant: str, b: Book) -> tuple[Policy | None, Budget, list[str]]:
+        started = sorted(b.started & b.holds.keys())
+        snap: Snapshot = await self.store.snapshot(tenant, b.seq, started)
+        b.charged += snap.charged_since
+        b.seq = snap.seq
+        spent = [jid for jid, (closed, _) in snap.started.items() if closed and jid in b.holds]
+        holds = tuple(Hold(jid, amount, snap.started.get(jid, (False, ZERO))[1],
+                           snap.started.get(jid, (False, ZERO))[0])
+                      for jid, amount in b.holds.items())
+        return snap.policy, Budget(snap.credits, b.charged, holds), spent
+
+    async def _spend(self, b: Book, spent: list[str]) -> None:
+        if spent:
+            await self.store.release(spent, "allocation closed by the meter", self.clock())
+            for jid in spent:
+                b.holds.pop(jid, None)
+                b.started.discard(jid)
+
+    # --- decisions -----------------------------------------------------------
+
+    async def admit(self, ask: JobAsk, name: str, spec: bytes, key: str) -> Outcome:
+        b = self.book(ask.tenant)
+        async with b.lock:
+            if key:
+                existing = await self.store.find_by_key(ask.tenant, key)
+                if existing is not None:
+                    return self._replay(existing)
+            existing = await self.store.get(ask.job_id)
+            if existing is not None:
+                if existing.tenant != ask.tenant:
+                    raise FailedPrecondition(f"job id {ask.job_id} is taken")
+                return self._replay(existing)
+            policy, budget, spent = await self._budget(ask.tenant, b)
+            if policy is None:
+                raise NotFound(f"tenant {ask.tenant!r} does not exist")
+            await self._spend(b, spent)
+            queue_ahead = any(h.priority >= ask.priority for h in b.held.values())
+            d = decide(ask, policy, budget, self.prices, self.max_node_gpus, queue_ahead)
+            row = await self.store.insert(ask, name, spec, key, d, self.clock())
+            if row is None:  # lost a race on the key outside this process: report that job
+                again = await self.store.find_by_key(ask.tenant, key) if key else None
+                if again is None:
+                    raise FailedPrecondition(f"job {ask.job_id} could not be stored")
+                return self._replay(again)
+            if d.verdict is Verdict.ADMITTED:
+                b.holds[ask.job_id] = d.reserved
+            elif d.verdict is Verdict.HELD:
+                b.held[ask.job_id] = ask_of(row, ask.flavor)
+            await self.publish(row, None)
+            return Outcome(row, d, budget.plus(Hold(ask.job_id, d.reserved))
+                           if d.verdict is Verdict.ADMITTED else budget)
+
+    def _replay(self, row: JobRow) -> Outcome:
+        verdict = {JobState.HELD: Verdict.HELD, JobState.REJECTED: Verdict.REJECTED}.get(
+            row.state, Verdict.ADMITTED)
+        if row.state is JobState.CANCELLED and row.admitted_us == 0:
+            verdict = Verdict.HELD
+        d = Decision(verdict, row.reason, row.reserved, row.priced_flavor)
+        return Outcome(row, d, Budget(ZERO, ZERO, ()), duplicate=True)
+
+    async def reevaluate(self, tenant: str) -> list[JobRow]:
+        """Spend closed holds, then release held jobs that now fit, in order."""
+        b = self.book(tenant)
+        released: list[JobRow] = []
+        async with b.lock:
+            policy, budget, spent = await self._budget(tenant, b)
+            await self._spend(b, spent)
+            if policy is None or not b.held:
+                return released
+            budget = Budget(budget.credits, budget.charged,
+                            tuple(h for h in budget.holds if h.job_id not in spent))
+            for ask, d in releasable(list(b.held.values()), policy, budget, self.prices,
+                                     self.max_node_gpus):
+                row = await self.store.admit_held(ask, d, self.clock())
+                b.held.pop(ask.job_id, None)
+                if row is None:
+                    continue
+                if d.verdict is Verdict.ADMITTED:
+                    b.holds[ask.job_id] = d.reserved
+                await self.publish(row, JobState.HELD)
+                released.append(row)
+        return released
+
+    async def cancel(self, tenant: str, job_id: str, reason: str) -> JobRow:
+        b = self.book(tenant)
+        async with b.lock:
+            row = await self.store.get(job_id)
+            if row is None or row.tenant != tenant:
+                raise NotFound(f"job {job_id} not found")
+            if row.state.terminal:
+                raise FailedPrecondition(f"job {job_id} is already {row.state.name.lower()}")
+            never_ran = row.state in (JobState.HELD, JobState.ADMITTED, JobState.QUEUED) and (
+                job_id not in b.started)
+            moved = await self.store.transition(
+                job_id, JobState.CANCELLED, reason or "cancelled by the tenant", self.clock(),
+                allowed_from=[row.state], release=never_ran)
+            if moved is None:
+                raise FailedPrecondition(f"job {job_id} changed state; try again")
+            prev, new = moved
+            b.held.pop(job_id, None)
+            if never_ran:
+                b.holds.pop(job_id, None)
+            await self.publish(new, prev)
+        if never_ran:
+            await self.reevaluate(tenant)
+        return new
+
+    async def workload_event(self, tenant: str, job_id: str, kind: int, time_us: int,
+                             reason: str) -> JobRow | None:
+        """Follow a job through Kubernetes (events from the placer)."""
+        b = self.book(tenant)
+        live = [JobState.ADMITTED, JobState.QUEUED, JobState.RUNNING]
+        target = {1: JobState.RUNNING, 3: JobState.SUCCEEDED, 4: JobState.EVICTED,
+                  5: JobState.FAILED}.get(kind)
+        async with b.lock:
+            if job_id in b.holds:
+                b.started.add(job_id)
+            if target is None:
+                return None
+            allowed = [JobState.ADMITTED, JobState.QUEUED] if target is JobState.RUNNING else live
+            moved = await self.store.transition(
+                job_id, target, reason or target.name.lower(), self.clock(), allowed_from=allowed,
+                started_us=time_us if target is JobState.RUNNING else 0)
+            if moved is None:
+                return None
+            prev, row = moved
+            await self.publish(row, prev)
+            return row

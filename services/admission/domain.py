@@ -1,0 +1,154 @@
+"""Admission's decisions as pure functions over frozen data.
+
+The guarantee is Slurm's "safe" accounting enforcement: a job is admitted only
+if it can run to its declared end within the budget, so it can never overrun.
+It reserves gpus x max_duration_s x price of the most expensive flavor it may
+land on (the flavor it names, otherwise the dearest flavor the tenant has
+quota for), and the Kubernetes Job gets activeDeadlineSeconds = max_duration_s.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+from kestrel.jobs import TERMINAL, JobState
+from kestrel.money import ZERO, fmt
+
+__all__ = ["TERMINAL", "JobState"]
+
+
+class Verdict(enum.IntEnum):
+    # Values match kestrel.v1.Decision.
+    ADMITTED = 1
+    HELD = 2
+    REJECTED = 3
+
+
+@dataclass(frozen=True)
+class JobAsk:
+    job_id: str
+    tenant: str
+    gpus: int
+    flavor: str  # preference; empty lets the placer choose
+    max_duration_s: int
+    priority: int
+    seq: int = 0  # FIFO order among equals
+
+
+@dataclass(frozen=True)
+class Policy:
+    tenant: str
+    quota: Mapping[str, int]  # GPUs per flavor
+    suspended: bool
+
+
+@dataclass(frozen=True)
+class Hold:
+    """An open reservation and what the ledger says it has consumed so far."""
+
+    job_id: str
+    amount: Decimal
+    consumed: Decimal = ZERO
+    closed: bool = False  # the meter closed its allocation: the hold is spent
+
+
+@dataclass(frozen=True)
+class Budget:
+    credits: Decimal
+    charged: Decimal
+    holds: tuple[Hold, ...]
+
+    @property
+    def reserved(self) -> Decimal:
+        return sum((max(ZERO, h.amount - h.consumed) for h in self.holds if not h.closed),
+                   ZERO)
+
+    @property
+    def remaining(self) -> Decimal:
+        return self.credits - self.charged - self.reserved
+
+    def plus(self, hold: Hold) -> Budget:
+        return Budget(self.credits, self.charged, (*self.holds, hold))
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: str
+    reserved: Decimal = ZERO
+    priced_flavor: str = ""
+
+
+def price_job(job: JobAsk, policy: Policy, prices: Mapping[str, Decimal],
+              max_node_gpus: int) -> tuple[str, Decimal] | str:
+    """(flavor priced, reservation) or, when the job can never run, why not."""
+    if job.gpus > max_node_gpus:
+        return f"asks for {job.gpus} GPUs but the largest node has {max_node_gpus}"
+    if job.flavor:
+        if job.flavor not in prices:
+            return f"flavor {job.flavor} has no price"
+        quota = policy.quota.get(job.flavor, 0)
+        if job.gpus > quota:
+            return f"asks for {job.gpus} GPUs of {job.flavor} but the quota is {quota}"
+        candidates = [job.flavor]
+    else:
+        candidates = [f for f, q in policy.quota.items() if q >= job.gpus and f in prices]
+        if not candidates:
+            return f"no flavor has a quota of {job.gpus} GPUs for this tenant"
+    flavor = max(candidates, key=lambda f: (prices[f], f))
+    return flavor, prices[flavor] * job.gpus * job.max_duration_s
+
+
+def decide(job: JobAsk, policy: Policy, budget: Budget, prices: Mapping[str, Decimal],
+           max_node_gpus: int, queue_ahead: bool) -> Decision:
+    """ADMITTED, HELD or REJECTED, with a reason a person can read.
+
+    `queue_ahead`: a held job of this tenant with priority >= this job's waits
+    already; a newcomer never jumps it.
+    """
+    if policy.suspended:
+        return Decision(Verdict.REJECTED, "the tenant is suspended")
+    priced = price_job(job, policy, prices, max_node_gpus)
+    if isinstance(priced, str):
+        return Decision(Verdict.REJECTED, priced)
+    flavor, cost = priced
+    need = (f"needs {fmt(cost)} credits ({job.gpus} GPU x {job.max_duration_s} s "
+            f"x {fmt(prices[flavor])} on {flavor})")
+    if cost > budget.credits:
+        return Decision(Verdict.REJECTED, f"{need}, more than the whole budget of "
+                                          f"{fmt(budget.credits)}", cost, flavor)
+    if queue_ahead:
+        return Decision(Verdict.HELD, f"{need}; waiting behind held jobs of equal or "
+                                      "higher priority", cost, flavor)
+    remaining = budget.remaining
+    if cost > remaining:
+        return Decision(Verdict.HELD, f"{need}, {fmt(max(remaining, ZERO))} remain; held "
+                                      "until a top-up or a reservation frees", cost, flavor)
+    return Decision(Verdict.ADMITTED, f"{need}; reserved, {fmt(remaining - cost)} remain",
+                    cost, flavor)
+
+
+def release_order(held: Iterable[JobAsk]) -> list[JobAsk]:
+    """Held jobs in the order they are released: priority, then first come."""
+    return sorted(held, key=lambda j: (-j.priority, j.seq))
+
+
+def releasable(held: Sequence[JobAsk], policy: Policy, budget: Budget,
+               prices: Mapping[str, Decimal], max_node_gpus: int
+               ) -> list[tuple[JobAsk, Decision]]:
+    """Decisions for held jobs, in release order, until the first that must keep waiting.
+
+    Strict order: a big job at the head is not overtaken by smaller ones behind it.
+    """
+    out: list[tuple[JobAsk, Decision]] = []
+    for job in release_order(held):
+        d = decide(job, policy, budget, prices, max_node_gpus, queue_ahead=False)
+        if d.verdict is Verdict.HELD:
+            break
+        out.append((job, d))
+        if d.verdict is Verdict.ADMITTED:
+            budget = budget.plus(Hold(job.job_id, d.reserved))
+    return out

@@ -1,0 +1,199 @@
+"""Admission's Postgres adapter. Writes jobs, job_transitions and reservations
+(admission is their one writer); reads the meter's ledger and the gateway's
+tenant profiles, each in one statement so a decision sees one snapshot."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import asyncpg
+
+from kestrel.db import migrate
+from kestrel.jobs import JOB_COLS, JobRow, JobState, job_row
+from services.admission.domain import Decision, JobAsk, Policy, Verdict
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+CLOSED = 2  # services.meter.domain.AllocStatus.CLOSED
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    policy: Policy | None
+    credits: Decimal
+    charged_since: Decimal  # ledger cost of the tenant with row_id > the given seq
+    seq: int
+    started: dict[str, tuple[bool, Decimal]]  # job id -> (allocation closed, cost so far)
+
+
+class AdmissionStore:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def migrate(self) -> list[str]:
+        async with self.pool.acquire() as conn:
+            return await migrate(conn, "admission", MIGRATIONS)
+
+    async def schema_ready(self) -> bool:
+        """The tables admission reads but does not own exist (meter and gateway migrated)."""
+        return bool(await self.pool.fetchval(
+            "SELECT to_regclass('ledger') IS NOT NULL AND "
+            "to_regclass('tenant_profiles') IS NOT NULL"))
+
+    async def prices(self) -> dict[str, Decimal]:
+        rows = await self.pool.fetch("""
+            SELECT DISTINCT ON (flavor) flavor, price_per_gpu_s
+            FROM prices ORDER BY flavor, effective_us DESC, price_id DESC""")
+        return {r["flavor"]: r["price_per_gpu_s"] for r in rows}
+
+    async def snapshot(self, tenant: str, after_seq: int, started: Sequence[str]) -> Snapshot:
+        r = await self.pool.fetchrow("""
+            SELECT p.gpu_quota, p.suspended, (p.tenant IS NOT NULL) AS known,
+                   (SELECT coalesce(sum(amount), 0) FROM credits WHERE tenant = $1) AS credits,
+                   l.s AS charged, l.m AS seq,
+                   (SELECT coalesce(json_agg(json_build_array(
+                        a.workload_id, a.status = $4,
+                        (SELECT coalesce(sum(x.cost), 0)::text FROM ledger x
+                         WHERE x.workload_id = a.workload_id))), '[]')
+                    FROM allocations a WHERE a.workload_id = ANY($3::text[])) AS allocs
+            FROM (SELECT coalesce(sum(cost), 0) AS s, coalesce(max(row_id), $2) AS m
+                  FROM ledger WHERE tenant = $1 AND row_id > $2) l
+            LEFT JOIN tenant_profiles p ON p.tenant = $1""", tenant, after_seq, list(started),
+            CLOSED)
+        assert r is not None
+        policy = None
+        if r["known"]:
+            quota = {k: int(v) for k, v in json.loads(r["gpu_quota"]).items()}
+            policy = Policy(tenant, quota, bool(r["suspended"]))
+        allocs = {wid: (bool(closed), Decimal(cost))
+                  for wid, closed, cost in json.loads(r["allocs"])}
+        return Snapshot(policy, r["credits"], r["charged"], int(r["seq"]), allocs)
+
+    async def find_by_key(self, tenant: str, key: str) -> JobRow | None:
+        r = await self.pool.fetchrow(
+            f"SELECT {JOB_COLS} FROM jobs WHERE tenant = $1 AND idempotency_key = $2",
+            tenant, key)
+        return job_row(r) if r else None
+
+    async def get(self, job_id: str) -> JobRow | None:
+        r = await self.pool.fetchrow(f"SELECT {JOB_COLS} FROM jobs WHERE job_id = $1", job_id)
+        return job_row(r) if r else None
+
+    async def insert(self, ask: JobAsk, name: str, spec: bytes, key: str, d: Decision,
+                     now_us: int) -> JobRow | None:
+        """Store a decided job (and its reservation when admitted). None when the
+        idempotency key or job id was already used: the caller returns that job."""
+        state = {Verdict.ADMITTED: JobState.ADMITTED, Verdict.HELD: JobState.HELD,
+                 Verdict.REJECTED: JobState.REJECTED}[d.verdict]
+        async with self.pool.acquire() as conn, conn.transaction():
+            r = await conn.fetchrow(f"""
+                INSERT INTO jobs (job_id, tenant, name, spec, gpus, priority, max_duration_s,
+                                  state, reason, reserved, priced_flavor, idempotency_key,
+                                  created_us, admitted_us, finished_us)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+                ON CONFLICT DO NOTHING RETURNING {JOB_COLS}""",
+                ask.job_id, ask.tenant, name, spec, ask.gpus, ask.priority, ask.max_duration_s,
+                int(state), d.reason, d.reserved if d.verdict is Verdict.ADMITTED else 0,
+                d.priced_flavor, key, now_us,
+                now_us if d.verdict is Verdict.ADMITTED else 0,
+                now_us if d.verdict is Verdict.REJECTED else 0)
+            if r is None:
+                return None
+            await conn.execute(
+                "INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, "
+                "time_us) VALUES ($1, $2, 0, $3, $4, $5)",
+                ask.job_id, ask.tenant, int(state), d.reason, now_us)
+            if d.verdict is Verdict.ADMITTED:
+                await self._reserve(conn, ask, d.reserved, now_us)
+        return job_row(r)
+
+    @staticmethod
+    async def _reserve(conn: asyncpg.Connection, ask: JobAsk, amount: Decimal,
+                       now_us: int) -> None:
+        await conn.execute(
+            "INSERT INTO reservations (reservation_id, tenant, workload_id, amount, created_us) "
+            "VALUES ($1, $2, $1, $3, $4)", ask.job_id, ask.tenant, amount, now_us)
+
+    async def admit_held(self, ask: JobAsk, d: Decision, now_us: int) -> JobRow | None:
+        """HELD -> ADMITTED (or REJECTED) with its reservation; None if no longer HELD."""
+        state = JobState.ADMITTED if d.verdict is Verdict.ADMITTED else JobState.REJECTED
+        async with self.pool.acquire() as conn, conn.transaction():
+            r = await conn.fetchrow(f"""
+                UPDATE jobs SET state = $2, reason = $3, reserved = $4, priced_flavor = $5,
+                       admitted_us = $6, finished_us = $7
+                WHERE job_id = $1 AND state = {int(JobState.HELD)} RETURNING {JOB_COLS}""",
+                ask.job_id, int(state), d.reason,
+                d.reserved if state is JobState.ADMITTED else 0, d.priced_flavor,
+                now_us if state is JobState.ADMITTED else 0,
+                now_us if state is JobState.REJECTED else 0)
+            if r is None:
+                return None
+            await conn.execute(
+                "INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, "
+                "time_us) VALUES ($1, $2, $3, $4, $5, $6)",
+                ask.job_id, ask.tenant, int(JobState.HELD), int(state), d.reason, now_us)
+            if state is JobState.ADMITTED:
+                await self._reserve(conn, ask, d.reserved, now_us)
+        return job_row(r)
+
+    async def transition(self, job_id: str, to: JobState, reason: str, now_us: int, *,
+                         allowed_from: Sequence[JobState], release: bool = False,
+                         started_us: int = 0) -> tuple[JobState, JobRow] | None:
+        """Move a job between states; None if it is not in one of `allowed_from`."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            prev = await conn.fetchval(
+                "SELECT state FROM jobs WHERE job_id = $1 FOR UPDATE", job_id)
+            if prev is None or JobState(prev) not in allowed_from:
+                return None
+            r = await conn.fetchrow(f"""
+                UPDATE jobs SET state = $2, reason = $3,
+                  finished_us = CASE WHEN $4::boolean THEN $5::bigint ELSE finished_us END,
+                  started_us = CASE WHEN $6::bigint > 0 AND started_us = 0 THEN $6::bigint
+                                    ELSE started_us END
+                WHERE job_id = $1 RETURNING {JOB_COLS}""",
+                job_id, int(to), reason, to.terminal, now_us, started_us)
+            assert r is not None
+            await conn.execute(
+                "INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, "
+                "time_us) VALUES ($1, $2, $3, $4, $5, $6)",
+                job_id, r["tenant"], prev, int(to), reason, now_us)
+            if release:
+                await conn.execute(
+                    "INSERT INTO reservation_releases (reservation_id, reason, released_us) "
+                    "SELECT reservation_id, $2, $3 FROM reservations WHERE reservation_id = $1 "
+                    "ON CONFLICT DO NOTHING", job_id, reason, now_us)
+        return JobState(prev), job_row(r)
+
+    async def release(self, job_ids: Sequence[str], reason: str, now_us: int) -> None:
+        await self.pool.execute(
+            "INSERT INTO reservation_releases (reservation_id, reason, released_us) "
+            "SELECT reservation_id, $2, $3 FROM reservations "
+            "WHERE reservation_id = ANY($1::text[]) ON CONFLICT DO NOTHING",
+            list(job_ids), reason, now_us)
+
+    async def open_holds(self) -> list[tuple[str, str, Decimal, int]]:
+        """(tenant, job id, amount, state) of every unreleased reservation."""
+        rows = await self.pool.fetch("""
+            SELECT r.tenant, r.reservation_id, r.amount, j.state
+            FROM reservations r JOIN jobs j ON j.job_id = r.reservation_id
+            LEFT JOIN reservation_releases x ON x.reservation_id = r.reservation_id
+            WHERE x.reservation_id IS NULL""")
+        return [(r["tenant"], r["reservation_id"], r["amount"], r["state"]) for r in rows]
+
+    async def held(self, tenant: str) -> list[JobRow]:
+        rows = await self.pool.fetch(
+            f"SELECT {JOB_COLS} FROM jobs WHERE tenant = $1 AND state = $2 "
+            "ORDER BY priority DESC, seq", tenant, int(JobState.HELD))
+        return [job_row(r) for r in rows]
+
+    async def held_tenants(self) -> list[str]:
+        return [r["tenant"] for r in await self.pool.fetch(
+            "SELECT DISTINCT tenant FROM jobs WHERE state = $1", int(JobState.HELD))]
+
+    async def admitted_not_placed(self) -> list[JobRow]:
+        rows = await self.pool.fetch(f"SELECT {JOB_COLS} FROM jobs WHERE state = $1",
+                                     int(JobState.ADMITTED))
+        return [job_row(r) for r in rows]

@@ -1,0 +1,1 @@
+"""The gateway: Kestrel's public gRPC API."""

@@ -1,0 +1,92 @@
+"""Wiring of the gateway process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import redis.asyncio as aioredis
+
+from kestrel import bus
+from kestrel.config import Endpoints, env_int, env_str
+from kestrel.db import create_pool
+from kestrel.grpcserver import Server
+from kestrel.v1 import admission_pb2_grpc, gateway_pb2, gateway_pb2_grpc, meter_pb2_grpc
+from services.gateway.auth import hash_secret
+from services.gateway.ratelimit import RateLimiter
+from services.gateway.servicer import GatewayServicer
+from services.gateway.store import GatewayStore
+
+log = logging.getLogger("kestrel.gateway")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    endpoints: Endpoints
+    host: str
+    grpc_port: int
+    admission_addr: str
+    meter_addr: str
+    operator_token: str
+    operator_token_file: str
+    max_node_gpus: int
+
+    @classmethod
+    def from_env(cls) -> GatewayConfig:
+        return cls(Endpoints.from_env(), env_str("KESTREL_BIND_HOST", "127.0.0.1"),
+                   env_int("KESTREL_GATEWAY_PORT", 50051),
+                   env_str("KESTREL_ADMISSION_ADDR", "127.0.0.1:50052"),
+                   env_str("KESTREL_METER_ADDR", "127.0.0.1:50053"),
+                   env_str("KESTREL_OPERATOR_TOKEN", ""),
+                   env_str("KESTREL_OPERATOR_TOKEN_FILE", ".run/operator-token"),
+                   env_int("KESTREL_MAX_NODE_GPUS", 8))
+
+
+def operator_token_hash(config: GatewayConfig) -> str:
+    """From KESTREL_OPERATOR_TOKEN, else a token generated once into a 0600 file."""
+    if config.operator_token:
+        return hash_secret(config.operator_token)
+    path = Path(config.operator_token_file)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"kso_{secrets.token_urlsafe(32)}\n")
+        log.info("generated an operator token in %s", path)
+    return hash_secret(path.read_text().strip())
+
+
+async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
+    pool = await create_pool(config.endpoints.postgres_dsn, max_size=10)
+    nc = await bus.connect(config.endpoints.nats_url, "gateway")
+    redis = aioredis.from_url(config.endpoints.redis_url)
+    store = GatewayStore(pool)
+    await store.migrate()
+    admission_ch = grpc.aio.insecure_channel(config.admission_addr)
+    meter_ch = grpc.aio.insecure_channel(config.meter_addr)
+    servicer = GatewayServicer(
+        store, RateLimiter(redis), admission_pb2_grpc.AdmissionStub(admission_ch),
+        meter_pb2_grpc.MeterStub(meter_ch), nc, operator_token_hash(config),
+        config.max_node_gpus)
+    server = Server(config.host, config.grpc_port,
+                    [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name])
+    gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server.server)
+    await server.start()
+    log.info("gateway serving gRPC on %s", server.address)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop(grace_s=5)
+        await admission_ch.close()
+        await meter_ch.close()
+        with contextlib.suppress(Exception):
+            await nc.close()
+        await redis.aclose()
+        await pool.close()
+        log.info("stopped")

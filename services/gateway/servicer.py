@@ -1,0 +1,434 @@
+"""Transport: kestrel.v1.Gateway. Each RPC authenticates, rate-limits,
+validates, calls a collaborator (store, admission, meter) and converts back.
+Errors are mapped once, by map_errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any, TypeAlias
+
+import grpc
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from kestrel import bus
+from kestrel.clock import now_us
+from kestrel.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    KestrelError,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+    Unimplemented,
+    Violations,
+)
+from kestrel.grpcserver import map_errors
+from kestrel.jobs import JobRow, JobState, job_to_wire
+from kestrel.paging import decode_int_token, decode_token, encode_token
+from kestrel.v1 import (
+    admission_pb2,
+    admission_pb2_grpc,
+    common_pb2,
+    events_pb2,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    meter_pb2,
+    meter_pb2_grpc,
+)
+from services.gateway import auth
+from services.gateway.ratelimit import RateLimiter
+from services.gateway.store import GatewayStore, KeyRow, Profile
+from services.gateway.validation import (
+    JOB_ID_RE,
+    check_amount,
+    check_page,
+    check_submit,
+    check_tenant,
+    name_problem,
+    printable,
+)
+
+log = logging.getLogger("kestrel.gateway")
+Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+CACHE_S = 1.0
+DEFAULT_RATE, DEFAULT_BURST = 50.0, 100
+
+
+def _tenant_wire(p: Profile) -> gateway_pb2.Tenant:
+    return gateway_pb2.Tenant(tenant=p.tenant, display_name=p.display_name,
+                              gpu_quota=p.gpu_quota,
+                              rate_limit=gateway_pb2.RateLimit(per_s=p.rate_per_s, burst=p.burst),
+                              suspended=p.suspended, created_us=p.created_us)
+
+
+def _key_wire(k: KeyRow) -> gateway_pb2.ApiKey:
+    return gateway_pb2.ApiKey(key_id=k.key_id, tenant=k.tenant, name=k.name,
+                              created_us=k.created_us, revoked_us=k.revoked_us)
+
+
+def downstream(err: grpc.aio.AioRpcError) -> KestrelError:
+    """A failure of another Kestrel service, as this service reports it."""
+    code = err.code()
+    if code == grpc.StatusCode.NOT_FOUND:
+        return NotFound(err.details() or "not found")
+    if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+        return FailedPrecondition(err.details() or "rejected by a backend")
+    return Unavailable(f"a backend is unavailable ({code.name}); retry")
+
+
+async def _call(coro: Any) -> Any:
+    """Await a call to another service, mapping its failures to ours."""
+    try:
+        return await coro
+    except grpc.aio.AioRpcError as err:
+        raise downstream(err) from None
+
+
+@map_errors
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, store: GatewayStore, limiter: RateLimiter,
+                 admission: admission_pb2_grpc.AdmissionStub, meter: meter_pb2_grpc.MeterStub,
+                 nc: NATS, operator_token_hash: str, max_node_gpus: int) -> None:
+        self.store = store
+        self.limiter = limiter
+        self.admission = admission
+        self.meter = meter
+        self.nc = nc
+        self.operator_token_hash = operator_token_hash
+        self.max_node_gpus = max_node_gpus
+        self._keys: dict[str, tuple[float, KeyRow | None]] = {}
+        self._profiles: dict[str, tuple[float, Profile | None]] = {}
+        self._flavors: tuple[float, set[str]] = (0.0, set())
+
+    # --- auth ----------------------------------------------------------------
+
+    def _operator(self, context: Ctx) -> None:
+        token = auth.bearer(context.invocation_metadata())
+        if not auth.token_matches(token, self.operator_token_hash):
+            raise PermissionDenied("this call needs the operator token")
+
+    async def _cached_key(self, key_id: str) -> KeyRow | None:
+        hit = self._keys.get(key_id)
+        if hit and time.monotonic() - hit[0] < CACHE_S:
+            return hit[1]
+        row = await self.store.key(key_id)
+        self._keys[key_id] = (time.monotonic(), row)
+        return row
+
+    async def _profile(self, tenant: str) -> Profile | None:
+        hit = self._profiles.get(tenant)
+        if hit and time.monotonic() - hit[0] < CACHE_S:
+            return hit[1]
+        p = await self.store.profile(tenant)
+        self._profiles[tenant] = (time.monotonic(), p)
+        return p
+
+    async def _flavor_names(self) -> set[str]:
+        at, names = self._flavors
+        if time.monotonic() - at > 10 or not names:
+            names = await self.store.flavors()
+            self._flavors = (time.monotonic(), names)
+        return names
+
+    async def _tenant(self, context: Ctx) -> Profile:
+        """Authenticate a tenant key and spend one token of its rate limit."""
+        key_id, secret = auth.parse_key(auth.bearer(context.invocation_metadata()))
+        key = await self._cached_key(key_id)
+        if key is None or not auth.secret_matches(secret, key.secret_hash):
+            raise Unauthenticated("the API key is not valid")
+        if key.revoked_us:
+            raise Unauthenticated("the API key was revoked")
+        profile = await self._profile(key.tenant)
+        if profile is None:
+            raise Unauthenticated("the API key's tenant no longer exists")
+        verdict = await self.limiter.take(profile.tenant, profile.rate_per_s, profile.burst)
+        if not verdict.allowed:
+            raise ResourceExhausted(
+                f"rate limit of {profile.rate_per_s:g}/s (burst {profile.burst}) exceeded",
+                retry_after_s=verdict.retry_after_s)
+        return profile
+
+    def _forget(self, tenant: str) -> None:
+        self._profiles.pop(tenant, None)
+
+    # --- operator: tenants and keys -----------------------------------------
+
+    async def CreateTenant(self, request: gateway_pb2.CreateTenantRequest,
+                           context: Ctx) -> gateway_pb2.CreateTenantResponse:
+        self._operator(context)
+        v = Violations()
+        check_tenant(v, request.tenant, await self._flavor_names())
+        check_amount(v, "initial_credits", request.initial_credits, optional=True)
+        v.raise_if_any()
+        t = request.tenant
+        rate = t.rate_limit if t.HasField("rate_limit") else None
+        profile = Profile(t.tenant, t.display_name, dict(t.gpu_quota),
+                          rate.per_s if rate else DEFAULT_RATE,
+                          rate.burst if rate else DEFAULT_BURST, False, now_us())
+        if await self.store.profile(t.tenant) is not None:
+            raise AlreadyExists(f"tenant {t.tenant!r} exists")
+        account = await _call(self.meter.CreateAccount(meter_pb2.CreateAccountRequest(
+            tenant=t.tenant, initial_credits=request.initial_credits), timeout=10))
+        if not await self.store.insert_profile(profile):
+            raise AlreadyExists(f"tenant {t.tenant!r} exists")
+        self._forget(t.tenant)
+        return gateway_pb2.CreateTenantResponse(tenant=_tenant_wire(profile),
+                                                runway=account.runway)
+
+    async def _existing(self, tenant: str) -> Profile:
+        p = await self.store.profile(tenant)
+        if p is None:
+            raise NotFound(f"tenant {tenant!r} does not exist")
+        return p
+
+    async def GetTenant(self, request: gateway_pb2.GetTenantRequest,
+                        context: Ctx) -> gateway_pb2.GetTenantResponse:
+        self._operator(context)
+        p = await self._existing(request.tenant)
+        runway = await _call(self.meter.GetRunway(meter_pb2.GetRunwayRequest(tenant=p.tenant),
+                                                  timeout=10))
+        return gateway_pb2.GetTenantResponse(tenant=_tenant_wire(p), runway=runway.runway)
+
+    async def ListTenants(self, request: gateway_pb2.ListTenantsRequest,
+                          context: Ctx) -> gateway_pb2.ListTenantsResponse:
+        self._operator(context)
+        v = Violations()
+        size = check_page(v, request.page_size)
+        after = ""
+        if request.page_token:
+            decoded = decode_token(request.page_token, ("tenants",))
+            if decoded is None:
+                v.add("page_token", "is not a token this query returned")
+            else:
+                after = decoded
+        v.raise_if_any()
+        rows = await self.store.profiles(after, size + 1)
+        token = encode_token(rows[size - 1].tenant, ("tenants",)) if len(rows) > size else ""
+        return gateway_pb2.ListTenantsResponse(tenants=[_tenant_wire(p) for p in rows[:size]],
+                                               next_page_token=token)
+
+    async def SuspendTenant(self, request: gateway_pb2.SuspendTenantRequest,
+                            context: Ctx) -> gateway_pb2.SuspendTenantResponse:
+        self._operator(context)
+        p = await self._existing(request.tenant)
+        updated = await self.store.update_profile(replace(p, suspended=request.suspended))
+        assert updated is not None
+        self._forget(p.tenant)
+        return gateway_pb2.SuspendTenantResponse(tenant=_tenant_wire(updated))
+
+    async def UpdateTenant(self, request: gateway_pb2.UpdateTenantRequest,
+                           context: Ctx) -> gateway_pb2.UpdateTenantResponse:
+        self._operator(context)
+        v = Violations()
+        check_tenant(v, request.tenant, await self._flavor_names())
+        v.raise_if_any()
+        p = await self._existing(request.tenant.tenant)
+        t = request.tenant
+        rate = t.rate_limit if t.HasField("rate_limit") else None
+        updated = await self.store.update_profile(replace(
+            p, display_name=t.display_name or p.display_name,
+            gpu_quota=dict(t.gpu_quota) or p.gpu_quota,
+            rate_per_s=rate.per_s if rate else p.rate_per_s,
+            burst=rate.burst if rate else p.burst))
+        assert updated is not None
+        self._forget(p.tenant)
+        return gateway_pb2.UpdateTenantResponse(tenant=_tenant_wire(updated))
+
+    async def CreateApiKey(self, request: gateway_pb2.CreateApiKeyRequest,
+                           context: Ctx) -> gateway_pb2.CreateApiKeyResponse:
+        self._operator(context)
+        v = Violations()
+        if (problem := name_problem(request.tenant)) is not None:
+            v.add("tenant", problem)
+        if not request.name or not printable(request.name, 100):
+            v.add("name", "is required: at most 100 printable characters")
+        v.raise_if_any()
+        await self._existing(request.tenant)
+        new = auth.new_key()
+        row = KeyRow(new.key_id, request.tenant, request.name, new.secret_hash, now_us(), 0)
+        await self.store.insert_key(row)
+        return gateway_pb2.CreateApiKeyResponse(key=_key_wire(row), secret=new.secret)
+
+    async def RevokeApiKey(self, request: gateway_pb2.RevokeApiKeyRequest,
+                           context: Ctx) -> gateway_pb2.RevokeApiKeyResponse:
+        self._operator(context)
+        row = await self.store.revoke_key(request.key_id, now_us())
+        if row is None:
+            raise NotFound(f"key {request.key_id[:32]!r} does not exist")
+        self._keys.pop(request.key_id, None)
+        return gateway_pb2.RevokeApiKeyResponse(key=_key_wire(row))
+
+    async def TopUp(self, request: gateway_pb2.GatewayTopUpRequest,
+                    context: Ctx) -> gateway_pb2.GatewayTopUpResponse:
+        self._operator(context)
+        v = Violations()
+        if (problem := name_problem(request.tenant)) is not None:
+            v.add("tenant", problem)
+        check_amount(v, "amount", request.amount, optional=False)
+        v.raise_if_any()
+        await self._existing(request.tenant)
+        resp = await _call(self.meter.TopUp(meter_pb2.TopUpRequest(
+            tenant=request.tenant, amount=request.amount, top_up_id=request.top_up_id,
+            note=request.note), timeout=10))
+        return gateway_pb2.GatewayTopUpResponse(runway=resp.runway, applied=resp.applied)
+
+    # --- tenant: jobs --------------------------------------------------------
+
+    async def SubmitJob(self, request: gateway_pb2.SubmitJobRequest,
+                        context: Ctx) -> gateway_pb2.SubmitJobResponse:
+        tenant = await self._tenant(context)
+        check_submit(request, await self._flavor_names(), self.max_node_gpus)
+        if tenant.suspended:
+            raise FailedPrecondition(f"tenant {tenant.tenant!r} is suspended")
+        job = common_pb2.Job(job_id=f"job-{uuid.uuid4().hex[:16]}", tenant=tenant.tenant,
+                             spec=request.spec, idempotency_key=request.idempotency_key,
+                             created_us=now_us())
+        remaining = context.time_remaining()
+        timeout = min(10.0, remaining) if remaining is not None else 10.0
+        resp = await _call(self.admission.Admit(admission_pb2.AdmitRequest(job=job),
+                                                timeout=timeout))
+        return gateway_pb2.SubmitJobResponse(job=resp.job)
+
+    async def _job(self, tenant: str, job_id: str) -> JobRow:
+        if not JOB_ID_RE.match(job_id):
+            v = Violations()
+            v.add("job_id", "must look like job-<16 hex digits>")
+            v.raise_if_any()
+        row = await self.store.job(tenant, job_id)
+        if row is None:  # another tenant's job is simply not there
+            raise NotFound(f"job {job_id} not found")
+        return row
+
+    async def GetJob(self, request: gateway_pb2.GetJobRequest,
+                     context: Ctx) -> gateway_pb2.GetJobResponse:
+        tenant = await self._tenant(context)
+        return gateway_pb2.GetJobResponse(
+            job=job_to_wire(await self._job(tenant.tenant, request.job_id)))
+
+    async def ListJobs(self, request: gateway_pb2.ListJobsRequest,
+                       context: Ctx) -> gateway_pb2.ListJobsResponse:
+        tenant = await self._tenant(context)
+        v = Violations()
+        size = check_page(v, request.page_size)
+        states = sorted({int(s) for s in request.states})
+        if any(s not in {int(x) for x in JobState} for s in states):
+            v.add("states", "contains an unknown state")
+        query = ("jobs", tenant.tenant, tuple(states))
+        after = 0
+        if request.page_token:
+            decoded = decode_int_token(request.page_token, query)
+            if decoded is None:
+                v.add("page_token", "is not a token this query returned")
+            else:
+                after = decoded
+        v.raise_if_any()
+        rows = await self.store.jobs(tenant.tenant, states, after, size + 1)
+        token = encode_token(rows[size - 1].seq, query) if len(rows) > size else ""
+        return gateway_pb2.ListJobsResponse(jobs=[job_to_wire(r) for r in rows[:size]],
+                                            next_page_token=token)
+
+    async def CancelJob(self, request: gateway_pb2.CancelJobRequest,
+                        context: Ctx) -> gateway_pb2.CancelJobResponse:
+        tenant = await self._tenant(context)
+        await self._job(tenant.tenant, request.job_id)
+        if not printable(request.reason, 200):
+            v = Violations()
+            v.add("reason", "must be at most 200 printable characters")
+            v.raise_if_any()
+        resp = await _call(self.admission.Release(admission_pb2.ReleaseRequest(
+            tenant=tenant.tenant, job_id=request.job_id, reason=request.reason), timeout=10))
+        return gateway_pb2.CancelJobResponse(job=resp.job)
+
+    async def WatchJob(self, request: gateway_pb2.WatchJobRequest,
+                       context: Ctx) -> AsyncIterator[gateway_pb2.WatchJobResponse]:
+        tenant = await self._tenant(context)
+        row = await self._job(tenant.tenant, request.job_id)
+        changed = asyncio.Event()
+
+        async def on_state(msg: Msg) -> None:
+            with contextlib.suppress(Exception):
+                if events_pb2.JobStateChanged.FromString(msg.data).job_id == request.job_id:
+                    changed.set()
+
+        sub = await self.nc.subscribe(bus.subject_job_state(tenant.tenant), cb=on_state)
+        try:
+            last = None
+            while True:
+                snapshot = (row.state, row.reason, row.started_us, row.finished_us, row.flavor)
+                if snapshot != last:
+                    yield gateway_pb2.WatchJobResponse(job=job_to_wire(row))
+                    last = snapshot
+                if row.state.terminal:
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout=5.0)  # poll as a safety net
+                changed.clear()
+                row = await self._job(tenant.tenant, request.job_id)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    # --- tenant: money -------------------------------------------------------
+
+    async def GetMyRunway(self, request: gateway_pb2.GetMyRunwayRequest,
+                          context: Ctx) -> gateway_pb2.GetMyRunwayResponse:
+        tenant = await self._tenant(context)
+        resp = await _call(self.meter.GetRunway(meter_pb2.GetRunwayRequest(tenant=tenant.tenant),
+                                                timeout=10))
+        return gateway_pb2.GetMyRunwayResponse(runway=resp.runway)
+
+    async def ListMyUsage(self, request: gateway_pb2.ListMyUsageRequest,
+                          context: Ctx) -> gateway_pb2.ListMyUsageResponse:
+        tenant = await self._tenant(context)
+        try:
+            resp = await self.meter.ListUsage(meter_pb2.ListUsageRequest(
+                tenant=tenant.tenant, start_us=request.start_us, end_us=request.end_us,
+                workload_id=request.workload_id, page_size=request.page_size,
+                page_token=request.page_token), timeout=10)
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.INVALID_ARGUMENT:  # the tenant's own fields
+                await context.abort(err.code(), err.details() or "",
+                                    err.trailing_metadata() or ())
+            raise downstream(err) from None
+        return gateway_pb2.ListMyUsageResponse(rows=resp.rows,
+                                               next_page_token=resp.next_page_token)
+
+    # --- tenant: endpoints (the endpoints issue) ------------------------------
+
+    async def _endpoints(self, context: Ctx) -> None:
+        await self._tenant(context)
+        raise Unimplemented("inference endpoints are not available yet on this gateway")
+
+    async def CreateEndpoint(self, request: gateway_pb2.CreateEndpointRequest,
+                             context: Ctx) -> gateway_pb2.CreateEndpointResponse:
+        await self._endpoints(context)
+        raise AssertionError("unreachable")
+
+    async def GetEndpoint(self, request: gateway_pb2.GetEndpointRequest,
+                          context: Ctx) -> gateway_pb2.GetEndpointResponse:
+        await self._endpoints(context)
+        raise AssertionError("unreachable")
+
+    async def ListEndpoints(self, request: gateway_pb2.ListEndpointsRequest,
+                            context: Ctx) -> gateway_pb2.ListEndpointsResponse:
+        await self._endpoints(context)
+        raise AssertionError("unreachable")
+
+    async def DeleteEndpoint(self, request: gateway_pb2.GatewayDeleteEndpointRequest,
+                             context: Ctx) -> gateway_pb2.GatewayDeleteEndpointResponse:
+        await self._endpoints(context)
+        raise AssertionError("unreachable")
+
+    async def Infer(self, request: gateway_pb2.InferRequest,
+                    context: Ctx) -> gateway_pb2.InferResponse:
+        await self._endpoints(context)
+        raise AssertionError("unreachable")

@@ -1,0 +1,119 @@
+"""The gateway's Postgres adapter: tenant profiles and API keys (written here),
+jobs (read only: admission owns them)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+from kestrel.db import migrate
+from kestrel.jobs import JOB_COLS, JobRow, job_row
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+@dataclass(frozen=True)
+class Profile:
+    tenant: str
+    display_name: str
+    gpu_quota: dict[str, int]
+    rate_per_s: float
+    burst: int
+    suspended: bool
+    created_us: int
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    key_id: str
+    tenant: str
+    name: str
+    secret_hash: str
+    created_us: int
+    revoked_us: int
+
+
+def _profile(r: asyncpg.Record) -> Profile:
+    return Profile(r["tenant"], r["display_name"], dict(json.loads(r["gpu_quota"])),
+                   r["rate_per_s"], r["burst"], r["suspended"], r["created_us"])
+
+
+def _key(r: asyncpg.Record) -> KeyRow:
+    return KeyRow(r["key_id"], r["tenant"], r["name"], r["secret_hash"], r["created_us"],
+                  r["revoked_us"])
+
+
+class GatewayStore:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def migrate(self) -> list[str]:
+        async with self.pool.acquire() as conn:
+            return await migrate(conn, "gateway", MIGRATIONS)
+
+    async def flavors(self) -> set[str]:
+        return {r["flavor"] for r in await self.pool.fetch("SELECT DISTINCT flavor FROM prices")}
+
+    # --- tenants -------------------------------------------------------------
+
+    async def insert_profile(self, p: Profile) -> bool:
+        status = await self.pool.execute("""
+            INSERT INTO tenant_profiles VALUES ($1, $2, $3, $4, $5, $6, $7)
+            ON CONFLICT DO NOTHING""", p.tenant, p.display_name, json.dumps(p.gpu_quota),
+            p.rate_per_s, p.burst, p.suspended, p.created_us)
+        return bool(status.endswith(" 1"))
+
+    async def profile(self, tenant: str) -> Profile | None:
+        r = await self.pool.fetchrow("SELECT * FROM tenant_profiles WHERE tenant = $1", tenant)
+        return _profile(r) if r else None
+
+    async def profiles(self, after: str, limit: int) -> list[Profile]:
+        rows = await self.pool.fetch(
+            "SELECT * FROM tenant_profiles WHERE tenant > $1 ORDER BY tenant LIMIT $2",
+            after, limit)
+        return [_profile(r) for r in rows]
+
+    async def update_profile(self, p: Profile) -> Profile | None:
+        r = await self.pool.fetchrow("""
+            UPDATE tenant_profiles SET display_name = $2, gpu_quota = $3, rate_per_s = $4,
+                   burst = $5, suspended = $6
+            WHERE tenant = $1 RETURNING *""", p.tenant, p.display_name, json.dumps(p.gpu_quota),
+            p.rate_per_s, p.burst, p.suspended)
+        return _profile(r) if r else None
+
+    # --- keys ----------------------------------------------------------------
+
+    async def insert_key(self, k: KeyRow) -> None:
+        await self.pool.execute(
+            "INSERT INTO api_keys VALUES ($1, $2, $3, $4, $5, 0)",
+            k.key_id, k.tenant, k.name, k.secret_hash, k.created_us)
+
+    async def key(self, key_id: str) -> KeyRow | None:
+        r = await self.pool.fetchrow("SELECT * FROM api_keys WHERE key_id = $1", key_id)
+        return _key(r) if r else None
+
+    async def revoke_key(self, key_id: str, now_us: int) -> KeyRow | None:
+        r = await self.pool.fetchrow("""
+            UPDATE api_keys SET revoked_us = CASE WHEN revoked_us = 0 THEN $2 ELSE revoked_us END
+            WHERE key_id = $1 RETURNING *""", key_id, now_us)
+        return _key(r) if r else None
+
+    # --- jobs (read) ---------------------------------------------------------
+
+    async def job(self, tenant: str, job_id: str) -> JobRow | None:
+        r = await self.pool.fetchrow(
+            f"SELECT {JOB_COLS} FROM jobs WHERE job_id = $1 AND tenant = $2", job_id, tenant)
+        return job_row(r) if r else None
+
+    async def jobs(self, tenant: str, states: Sequence[int], after_seq: int,
+                   limit: int) -> list[JobRow]:
+        rows = await self.pool.fetch(f"""
+            SELECT {JOB_COLS} FROM jobs
+            WHERE tenant = $1 AND seq > $2 AND (cardinality($3::smallint[]) = 0
+                                               OR state = ANY($3::smallint[]))
+            ORDER BY seq LIMIT $4""", tenant, after_seq, list(states), limit)
+        return [job_row(r) for r in rows]
