@@ -6,7 +6,6 @@ each test that needs isolation gets a fresh database and clean streams.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 import uuid
@@ -47,13 +46,17 @@ async def database(stack: Stack) -> AsyncIterator[str]:
 
 @pytest.fixture
 async def clean_bus(stack: Stack) -> AsyncIterator[str]:
-    """NATS URL with every Kestrel stream deleted and re-created empty."""
+    """NATS URL with every Kestrel stream empty and without consumers.
+
+    Purged rather than deleted: JetStream can refuse to re-create a stream whose
+    store it is still removing."""
     nc = await bus.connect(stack.nats_url, "test-setup")
     js = nc.jetstream()
-    for spec in bus.STREAMS:
-        with contextlib.suppress(Exception):
-            await js.delete_stream(spec.name)
     await bus.ensure_streams(js)
+    for spec in bus.STREAMS:
+        for consumer in await js.consumers_info(spec.name):
+            await js.delete_consumer(spec.name, consumer.name)
+        await js.purge_stream(spec.name)
     await nc.drain()
     yield stack.nats_url
 
@@ -90,3 +93,50 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "e2e" in item.keywords:
                 item.add_marker(skip)
+
+
+OPERATOR_TOKEN = "kso_test-operator-token"
+
+
+class Plane:
+    """Meter, gateway and admission as real processes over one database and bus."""
+
+    def __init__(self, env: dict[str, str], tmp: Path) -> None:
+        self.ports = {n: free_port() for n in ("meter", "gateway", "admission")}
+        self.env = {**env, "KESTREL_OPERATOR_TOKEN": OPERATOR_TOKEN,
+                    "KESTREL_METER_ADDR": f"127.0.0.1:{self.ports['meter']}",
+                    "KESTREL_ADMISSION_ADDR": f"127.0.0.1:{self.ports['admission']}",
+                    "KESTREL_METER_PORT": str(self.ports["meter"]),
+                    "KESTREL_GATEWAY_PORT": str(self.ports["gateway"]),
+                    "KESTREL_ADMISSION_PORT": str(self.ports["admission"]),
+                    "KESTREL_METER_METRICS_PORT": "0", "KESTREL_ADMISSION_METRICS_PORT": "0",
+                    "KESTREL_PRICES": "gpu-h100=0.01,gpu-a10=0.001",
+                    "KESTREL_METER_TICK_S": "0.2", "KESTREL_METER_SETTLE_US": "0"}
+        self.tmp = tmp
+        self.procs: dict[str, ServiceProcess] = {}
+        self.starts = 0
+
+    def address(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def start(self, name: str) -> ServiceProcess:
+        self.starts += 1
+        proc = ServiceProcess(name, self.env, self.address(name),
+                              self.tmp / f"{name}-{self.starts}.log").start()
+        self.procs[name] = proc
+        return proc
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            p.stop()
+
+
+@pytest.fixture
+def plane(service_env: dict[str, str], tmp_path: Path) -> Iterator[Plane]:
+    p = Plane(service_env, tmp_path)
+    try:
+        for name in ("meter", "gateway", "admission"):
+            p.start(name)
+        yield p
+    finally:
+        p.stop_all()

@@ -1,0 +1,217 @@
+"""The public API and admission over real Postgres, NATS and Redis processes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from decimal import Decimal
+
+import asyncpg
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from kestrel.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.conftest import OPERATOR_TOKEN, Plane
+from tests.integration.helpers import eventually, publish_events, wev
+
+pytestmark = pytest.mark.integration
+S = common_pb2.JobState
+Md = tuple[tuple[str, str], ...]
+OP: Md = (("authorization", f"Bearer {OPERATOR_TOKEN}"),)
+
+
+@dataclass
+class Api:
+    stub: gateway_pb2_grpc.GatewayStub
+    db: asyncpg.Connection
+    plane: Plane
+
+    async def tenant(self, name: str, credits: str, *, quota: dict[str, int] | None = None,
+                     rate: float = 1000, burst: int = 1000) -> Md:
+        await self.stub.CreateTenant(gateway_pb2.CreateTenantRequest(
+            tenant=gateway_pb2.Tenant(tenant=name, gpu_quota=quota or {"gpu-h100": 8,
+                                                                         "gpu-a10": 8},
+                                      rate_limit=gateway_pb2.RateLimit(per_s=rate, burst=burst)),
+            initial_credits=credits), metadata=OP)
+        key = await self.stub.CreateApiKey(gateway_pb2.CreateApiKeyRequest(
+            tenant=name, name="test"), metadata=OP)
+        return (("authorization", f"Bearer {key.secret}"),)
+
+    async def submit(self, key: Md, gpus: int = 1, seconds: int = 100,
+                     flavor: str = "gpu-h100", **kw: object) -> common_pb2.Job:
+        spec = common_pb2.JobSpec(name=str(kw.pop("name", "train")), gpus=gpus,
+                                  max_duration_s=seconds, flavor=flavor,
+                                  priority=int(kw.pop("priority", 0)))  # type: ignore[call-overload]
+        resp = await self.stub.SubmitJob(gateway_pb2.SubmitJobRequest(
+            spec=spec, idempotency_key=str(kw.pop("idem", ""))), metadata=key)
+        job: common_pb2.Job = resp.job
+        return job
+
+    async def job(self, key: Md, job_id: str) -> common_pb2.Job:
+        resp = await self.stub.GetJob(gateway_pb2.GetJobRequest(job_id=job_id), metadata=key)
+        job: common_pb2.Job = resp.job
+        return job
+
+
+@pytest.fixture
+async def api(plane: Plane, database: str) -> AsyncIterator[Api]:
+    db = await asyncpg.connect(database)
+    async with grpc.aio.insecure_channel(plane.address("gateway")) as ch:
+        yield Api(gateway_pb2_grpc.GatewayStub(ch), db, plane)
+    await db.close()
+
+
+# h100 costs 0.01 per GPU-second here: 1 GPU x 100 s reserves exactly 1 credit.
+
+async def test_a_job_that_fits_is_admitted_and_its_reservation_shows_in_the_runway(
+        api: Api) -> None:
+    key = await api.tenant("fits", "10")
+    job = await api.submit(key)
+    assert (job.state, job.reserved) == (S.JOB_STATE_ADMITTED, "1")
+    runway = (await api.stub.GetMyRunway(gateway_pb2.GetMyRunwayRequest(), metadata=key)).runway
+    assert (runway.reserved, runway.remaining) == ("1", "9")
+
+
+async def test_a_job_that_exactly_fits_is_admitted_leaving_nothing(api: Api) -> None:
+    key = await api.tenant("exact", "1")
+    job = await api.submit(key)
+    assert job.state == S.JOB_STATE_ADMITTED
+    assert "0 remain" in job.reason
+
+
+async def test_a_held_job_is_released_by_a_top_up(api: Api) -> None:
+    key = await api.tenant("topup", "1")
+    assert (await api.submit(key)).state == S.JOB_STATE_ADMITTED
+    held = await api.submit(key, seconds=50)
+    assert held.state == S.JOB_STATE_HELD and "held until" in held.reason
+    await api.stub.TopUp(gateway_pb2.GatewayTopUpRequest(tenant="topup", amount="0.5"),
+                         metadata=OP)
+    now = await eventually(lambda: api.job(key, held.job_id),
+                           lambda j: j.state == S.JOB_STATE_ADMITTED, timeout_s=15)
+    assert now.state == S.JOB_STATE_ADMITTED
+
+
+async def test_a_held_job_is_released_when_a_reservation_frees(api: Api, clean_bus: str) -> None:
+    key = await api.tenant("frees", "1")
+    first = await api.submit(key)
+    held = await api.submit(key, seconds=50)
+    assert held.state == S.JOB_STATE_HELD
+    # The first job runs 10 s of its 100 s (what the placer reports from Kubernetes).
+    t0 = 1_800_000_000_000_000
+    await publish_events(clean_bus, [wev("a", "frees", first.job_id, 1, t0),
+                                     wev("f", "frees", first.job_id, 3, t0 + 10_000_000)])
+    now = await eventually(lambda: api.job(key, held.job_id),
+                           lambda j: j.state == S.JOB_STATE_ADMITTED, timeout_s=15)
+    assert now.state == S.JOB_STATE_ADMITTED
+    done = await api.job(key, first.job_id)
+    assert done.state == S.JOB_STATE_SUCCEEDED
+    runway = (await api.stub.GetMyRunway(gateway_pb2.GetMyRunwayRequest(), metadata=key)).runway
+    assert (runway.charged, runway.reserved, runway.remaining) == ("0.1", "0.5", "0.4")
+
+
+@pytest.mark.parametrize(("name", "kwargs", "quota", "why"), [
+    ("a job beyond the whole budget is rejected", {"seconds": 5000}, None, "whole budget"),
+    ("a job beyond the tenant's quota is rejected", {"gpus": 4}, {"gpu-h100": 2}, "quota"),
+    ("a job on a flavor without quota is rejected", {"flavor": "gpu-a10"}, {"gpu-h100": 8},
+     "quota"),
+], ids=lambda x: x if isinstance(x, str) else "")
+async def test_a_job_that_can_never_fit_is_rejected(api: Api, name: str, kwargs: dict[str, int],
+                                                    quota: dict[str, int] | None,
+                                                    why: str) -> None:
+    key = await api.tenant("never", "10", quota=quota)
+    job = await api.submit(key, **kwargs)  # type: ignore[arg-type]
+    assert job.state == S.JOB_STATE_REJECTED and why in job.reason
+    assert await api.db.fetchval("SELECT count(*) FROM reservations") == 0
+
+
+async def test_racing_submissions_never_reserve_more_than_the_budget(api: Api) -> None:
+    key = await api.tenant("race", "10")
+    jobs = await asyncio.gather(*(api.submit(key) for _ in range(40)))
+    states = [j.state for j in jobs]
+    assert states.count(S.JOB_STATE_ADMITTED) == 10
+    assert states.count(S.JOB_STATE_HELD) == 30
+    assert await api.db.fetchval(
+        "SELECT sum(amount) FROM reservations WHERE tenant = 'race'") == Decimal(10)
+
+
+async def test_held_jobs_are_released_by_priority_then_first_come(api: Api) -> None:
+    key = await api.tenant("order", "1")
+    await api.submit(key)
+    low = await api.submit(key, seconds=40, priority=0)
+    high = await api.submit(key, seconds=40, priority=5)
+    later = await api.submit(key, seconds=40, priority=0)
+    assert {low.state, high.state, later.state} == {S.JOB_STATE_HELD}
+    await api.stub.TopUp(gateway_pb2.GatewayTopUpRequest(tenant="order", amount="0.8"),
+                         metadata=OP)
+    await eventually(lambda: api.job(key, low.job_id),
+                     lambda j: j.state == S.JOB_STATE_ADMITTED, timeout_s=15)
+    states = [(await api.job(key, j.job_id)).state for j in (high, low, later)]
+    assert states == [S.JOB_STATE_ADMITTED, S.JOB_STATE_ADMITTED, S.JOB_STATE_HELD]
+
+
+async def test_the_same_idempotency_key_returns_the_same_job(api: Api) -> None:
+    key = await api.tenant("idem", "10")
+    a = await api.submit(key, idem="nightly-1")
+    b = await api.submit(key, idem="nightly-1")
+    assert a.job_id == b.job_id
+    assert await api.db.fetchval("SELECT count(*) FROM jobs") == 1
+
+
+async def test_watch_streams_a_held_job_until_it_is_admitted_then_cancelled(api: Api) -> None:
+    key = await api.tenant("watch", "1")
+    await api.submit(key)
+    held = await api.submit(key)
+    seen: list[int] = []
+
+    async def watch() -> None:
+        async for resp in api.stub.WatchJob(gateway_pb2.WatchJobRequest(job_id=held.job_id),
+                                            metadata=key):
+            seen.append(resp.job.state)
+
+    watcher = asyncio.create_task(watch())
+    await eventually(lambda: asyncio.sleep(0, result=list(seen)), lambda s: len(s) >= 1)
+    await api.stub.TopUp(gateway_pb2.GatewayTopUpRequest(tenant="watch", amount="1"), metadata=OP)
+    await eventually(lambda: asyncio.sleep(0, result=list(seen)), lambda s: len(s) >= 2)
+    await api.stub.CancelJob(gateway_pb2.CancelJobRequest(job_id=held.job_id), metadata=key)
+    await asyncio.wait_for(watcher, 15)
+    assert seen == [S.JOB_STATE_HELD, S.JOB_STATE_ADMITTED, S.JOB_STATE_CANCELLED]
+    # Cancelled before it ran: its reservation is released.
+    assert await api.db.fetchval(
+        "SELECT count(*) FROM reservation_releases WHERE reservation_id = $1", held.job_id) == 1
+
+
+async def test_another_tenants_job_is_not_found_and_nothing_changes(api: Api) -> None:
+    alice = await api.tenant("alice", "10")
+    mallory = await api.tenant("mallory", "10")
+    job = await api.submit(alice)
+    for call, req in ((api.stub.GetJob, gateway_pb2.GetJobRequest(job_id=job.job_id)),
+                      (api.stub.CancelJob, gateway_pb2.CancelJobRequest(job_id=job.job_id)),
+                      (api.stub.WatchJob, gateway_pb2.WatchJobRequest(job_id=job.job_id))):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            result = call(req, metadata=mallory)
+            if hasattr(result, "__aiter__"):
+                async for _ in result:
+                    pass
+            else:
+                await result
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert (await api.job(alice, job.job_id)).state == S.JOB_STATE_ADMITTED
+    listed = await api.stub.ListJobs(gateway_pb2.ListJobsRequest(), metadata=mallory)
+    assert list(listed.jobs) == []
+
+
+async def test_over_the_rate_limit_answers_resource_exhausted_with_retry_info(api: Api) -> None:
+    key = await api.tenant("slow", "10", rate=1, burst=2)
+    for _ in range(2):
+        await api.stub.GetMyRunway(gateway_pb2.GetMyRunwayRequest(), metadata=key)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await api.stub.GetMyRunway(gateway_pb2.GetMyRunwayRequest(), metadata=key)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    status = rpc_status.from_call(err.value)
+    assert status is not None
+    retry = error_details_pb2.RetryInfo()
+    assert status.details[0].Unpack(retry)
+    assert 0 < retry.retry_delay.seconds + retry.retry_delay.nanos / 1e9 <= 1.0
