@@ -189,6 +189,18 @@ build_kubelet() {
     mv "$tmp/kubelet" "$BIN/kubelet-$v" && rm -rf "$tmp"
 }
 
+build_grpcurl() {
+    local v="$GRPCURL_VERSION" dir="$WORK/grpcurl-$GRPCURL_VERSION"
+    if cached "$v" grpcurl; then log "grpcurl $v: cached"; return; fi
+    log "grpcurl $v: fetching github.com/fullstorydev/grpcurl@$v"
+    prepare_module "$dir"
+    (cd "$dir" && go get "github.com/fullstorydev/grpcurl/cmd/grpcurl@$v")
+    local tmp; tmp="$(mktemp -d "$WORK/out.XXXX")"
+    (cd "$dir" && go_build "grpcurl $v" "$tmp" -ldflags "-s -w -X main.version=$v" \
+        github.com/fullstorydev/grpcurl/cmd/grpcurl)
+    mv "$tmp/grpcurl" "$BIN/grpcurl-$v" && rm -rf "$tmp"
+}
+
 components=("$@")
 if (( ${#components[@]} == 0 )); then components=(etcd kwok kueue kube kubelet); fi
 t0=$SECONDS
@@ -200,6 +212,7 @@ for c in "${components[@]}"; do
         kueue) build_kueue ;;
         kube) build_kube ;;
         kubelet) build_kubelet ;;
+        grpcurl) build_grpcurl ;;
         *) echo "unknown component: $c" >&2; exit 2 ;;
     esac
     log "component $c finished in $((SECONDS - s))s"
