@@ -133,6 +133,7 @@ async def test_a_restart_of_admission_mid_stream_loses_nothing(
         stub = gateway_pb2_grpc.GatewayStub(ch)
         key = await setup_tenant(stub, "steady", "30")
         done: list[common_pb2.Job] = []
+        twenty_done = asyncio.Event()
         retried = 0
 
         async def submit(i: int) -> None:
@@ -143,6 +144,8 @@ async def test_a_restart_of_admission_mid_stream_loses_nothing(
                         spec=spec(max_duration_s=100), idempotency_key=f"k-{i}"),
                         metadata=key, timeout=10)
                     done.append(resp.job)
+                    if len(done) >= 20:
+                        twenty_done.set()
                     return
                 except grpc.aio.AioRpcError as err:
                     assert err.code() in (grpc.StatusCode.UNAVAILABLE,
@@ -150,9 +153,8 @@ async def test_a_restart_of_admission_mid_stream_loses_nothing(
                     retried += 1
                     await asyncio.sleep(0.2)
 
-        async def crash_when(n: int, restart: Callable[[], object]) -> None:
-            while len(done) < n:
-                await asyncio.sleep(0.005)
+        async def crash_after_twenty(restart: Callable[[], object]) -> None:
+            await twenty_done.wait()
             plane.procs["admission"].kill9()
             await asyncio.to_thread(restart)
 
@@ -162,7 +164,7 @@ async def test_a_restart_of_admission_mid_stream_loses_nothing(
             async with sem:
                 await submit(i)
 
-        await asyncio.gather(crash_when(20, lambda: plane.start("admission")),
+        await asyncio.gather(crash_after_twenty(lambda: plane.start("admission")),
                              *(limited(i) for i in range(60)))
     assert retried > 0, "the crash must land while submissions are in flight"
     db = await asyncpg.connect(database)
