@@ -35,7 +35,6 @@ from kestrel.v1 import common_pb2, events_pb2
 
 console = Console(stderr=True)
 FLAVORS = ["gpu-h100", "gpu-a10"]
-NAMES = {1: "admitted", 2: "started", 3: "finished"}
 
 
 def make_events(n: int, tenants: int, seed: int = 7) -> tuple[
@@ -67,7 +66,7 @@ async def fill_stream(url: str, events: list[events_pb2.WorkloadEvent]) -> float
     t0 = time.perf_counter()
     for k in range(0, len(events), 2000):
         chunk = events[k:k + 2000]
-        await asyncio.gather(*(bus.publish(js, bus.subject_workload(e.tenant, NAMES[e.type]),
+        await asyncio.gather(*(bus.publish(js, bus.subject_workload(e.tenant, int(e.type)),
                                            e, e.event_id, ack_timeout_s=30) for e in chunk))
         console.print(f"  published {min(k + 2000, len(events)):,}/{len(events):,}", end="\r")
     elapsed = time.perf_counter() - t0

@@ -38,8 +38,14 @@ def subject_job_state(tenant: str) -> str:
     return f"kestrel.jobs.state.{tenant}"
 
 
-def subject_workload(tenant: str, event: str) -> str:
-    return f"kestrel.workload.{tenant}.{event}"
+# kestrel.v1.WorkloadEventType -> the last token of its subject.
+WORKLOAD_EVENT_NAMES = {1: "admitted", 2: "started", 3: "finished", 4: "evicted", 5: "failed",
+                        6: "queued"}
+
+
+def subject_workload(tenant: str, event: str | int) -> str:
+    name = WORKLOAD_EVENT_NAMES[event] if isinstance(event, int) else event
+    return f"kestrel.workload.{tenant}.{name}"
 
 
 def subject_runway(tenant: str) -> str:

@@ -35,6 +35,10 @@ class _WorkloadEventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Wor
     """Deactivated or preempted: the allocation closes at time_us."""
     WORKLOAD_EVENT_TYPE_FAILED: _WorkloadEventType.ValueType  # 5
     """Failed or cancelled: the allocation closes at time_us."""
+    WORKLOAD_EVENT_TYPE_QUEUED: _WorkloadEventType.ValueType  # 6
+    """The Kubernetes Job exists and waits for Kueue quota; nothing is metered yet.
+    `flavor` is the placer's choice and `reason` says why.
+    """
 
 class WorkloadEventType(_WorkloadEventType, metaclass=_WorkloadEventTypeEnumTypeWrapper):
     """Bus payloads (NATS JetStream). Every message carries the headers
@@ -54,6 +58,10 @@ WORKLOAD_EVENT_TYPE_EVICTED: WorkloadEventType.ValueType  # 4
 """Deactivated or preempted: the allocation closes at time_us."""
 WORKLOAD_EVENT_TYPE_FAILED: WorkloadEventType.ValueType  # 5
 """Failed or cancelled: the allocation closes at time_us."""
+WORKLOAD_EVENT_TYPE_QUEUED: WorkloadEventType.ValueType  # 6
+"""The Kubernetes Job exists and waits for Kueue quota; nothing is metered yet.
+`flavor` is the placer's choice and `reason` says why.
+"""
 Global___WorkloadEventType: _TypeAlias = WorkloadEventType  # noqa: Y015
 
 class _RunwayChangeReason:
@@ -94,7 +102,7 @@ Global___RunwayChangeReason: _TypeAlias = RunwayChangeReason  # noqa: Y015
 
 @_typing.final
 class WorkloadEvent(_message.Message):
-    """kestrel.workload.<tenant>.<admitted|started|finished|evicted|failed>
+    """kestrel.workload.<tenant>.<queued|admitted|started|finished|evicted|failed>
     Published by the placer, consumed by the meter (durable consumer).
     """
 

@@ -94,7 +94,7 @@ async def follow_workloads(js: JetStreamContext, admission: Admission, reeval: R
             while True:
                 try:
                     await admission.workload_event(e.tenant, e.workload_id, e.type, e.time_us,
-                                                   e.reason)
+                                                   e.reason, e.flavor)
                     break
                 except Exception:
                     log.exception("job state for %s failed; retrying", e.workload_id)

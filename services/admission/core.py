@@ -211,21 +211,23 @@ class Admission:
         return new
 
     async def workload_event(self, tenant: str, job_id: str, kind: int, time_us: int,
-                             reason: str) -> JobRow | None:
+                             reason: str, flavor: str = "") -> JobRow | None:
         """Follow a job through Kubernetes (events from the placer)."""
         b = self.book(tenant)
         live = [JobState.ADMITTED, JobState.QUEUED, JobState.RUNNING]
         target = {1: JobState.RUNNING, 3: JobState.SUCCEEDED, 4: JobState.EVICTED,
-                  5: JobState.FAILED}.get(kind)
+                  5: JobState.FAILED, 6: JobState.QUEUED}.get(kind)
         async with b.lock:
             if job_id in b.holds:
                 b.started.add(job_id)
             if target is None:
                 return None
-            allowed = [JobState.ADMITTED, JobState.QUEUED] if target is JobState.RUNNING else live
+            allowed = {JobState.RUNNING: [JobState.ADMITTED, JobState.QUEUED],
+                       JobState.QUEUED: [JobState.ADMITTED]}.get(target, live)
             moved = await self.store.transition(
                 job_id, target, reason or target.name.lower(), self.clock(), allowed_from=allowed,
-                started_us=time_us if target is JobState.RUNNING else 0)
+                started_us=time_us if target is JobState.RUNNING else 0,
+                flavor=(flavor, reason) if target is JobState.QUEUED else None)
             if moved is None:
                 return None
             prev, row = moved

@@ -141,7 +141,8 @@ class AdmissionStore:
 
     async def transition(self, job_id: str, to: JobState, reason: str, now_us: int, *,
                          allowed_from: Sequence[JobState], release: bool = False,
-                         started_us: int = 0) -> tuple[JobState, JobRow] | None:
+                         started_us: int = 0, flavor: tuple[str, str] | None = None
+                         ) -> tuple[JobState, JobRow] | None:
         """Move a job between states; None if it is not in one of `allowed_from`."""
         async with self.pool.acquire() as conn, conn.transaction():
             prev = await conn.fetchval(
@@ -152,9 +153,12 @@ class AdmissionStore:
                 UPDATE jobs SET state = $2, reason = $3,
                   finished_us = CASE WHEN $4::boolean THEN $5::bigint ELSE finished_us END,
                   started_us = CASE WHEN $6::bigint > 0 AND started_us = 0 THEN $6::bigint
-                                    ELSE started_us END
+                                    ELSE started_us END,
+                  flavor = CASE WHEN $7::text <> '' THEN $7::text ELSE flavor END,
+                  flavor_reason = CASE WHEN $7::text <> '' THEN $8::text ELSE flavor_reason END
                 WHERE job_id = $1 RETURNING {JOB_COLS}""",
-                job_id, int(to), reason, to.terminal, now_us, started_us)
+                job_id, int(to), reason, to.terminal, now_us, started_us,
+                flavor[0] if flavor else "", flavor[1] if flavor else "")
             assert r is not None
             await conn.execute(
                 "INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, "

@@ -37,6 +37,12 @@ class EventType(enum.IntEnum):
     FINISHED = 3
     EVICTED = 4
     FAILED = 5
+    QUEUED = 6
+
+    @property
+    def informational(self) -> bool:
+        """Recorded, never metered: metering runs from Kueue admission to the close."""
+        return self in (EventType.STARTED, EventType.QUEUED)
 
     @property
     def closes(self) -> bool:
@@ -167,7 +173,7 @@ def apply_events(current: Mapping[str, Allocation], events: Iterable[Event],
                                                 metered_until_us=end, end_us=end)
                 closed.add(ev.workload_id)
             # PENDING or CLOSED: the first close wins.
-        # STARTED is informational: metering runs from Kueue admission.
+        # STARTED and QUEUED are informational: metering runs from Kueue admission.
     return Outcome(state, rows, frozenset(opened - closed), frozenset(closed))
 
 

@@ -19,7 +19,6 @@ from services.meter.domain import (
     Allocation,
     AllocStatus,
     Event,
-    EventType,
     Outcome,
     Row,
     RowKind,
@@ -189,7 +188,7 @@ class MeterStore:
                 if e.event_id in fresh_ids:
                     fresh.append(e)
                     fresh_ids.discard(e.event_id)
-            metering = [e for e in fresh if e.type is not EventType.STARTED]
+            metering = [e for e in fresh if not e.type.informational]
             if not metering:
                 return BatchResult(len(fresh), Outcome({}, [], frozenset(), frozenset()), [])
             ids = sorted({e.workload_id for e in metering})

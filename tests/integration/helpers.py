@@ -12,7 +12,6 @@ from kestrel.v1 import common_pb2, events_pb2
 
 T = TypeVar("T")
 T0 = 1_700_000_000_000_000
-EVENT_NAMES = {1: "admitted", 2: "started", 3: "finished", 4: "evicted", 5: "failed"}
 
 
 def wev(event_id: str, tenant: str, workload_id: str, typ: int, time_us: int, gpus: int = 1,
@@ -32,7 +31,7 @@ async def publish_events(nats_url: str, events: Sequence[events_pb2.WorkloadEven
 
     async def one(e: events_pb2.WorkloadEvent) -> None:
         async with sem:
-            await bus.publish(js, bus.subject_workload(e.tenant, EVENT_NAMES[e.type]), e,
+            await bus.publish(js, bus.subject_workload(e.tenant, int(e.type)), e,
                               e.event_id + msg_id_suffix)
 
     await asyncio.gather(*(one(e) for e in events))

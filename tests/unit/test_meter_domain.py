@@ -70,6 +70,8 @@ CASES = [
     Case("an eviction closes like a finish, at the eviction instant", {},
          [ev("a", EventType.ADMITTED, 0), ev("e", EventType.EVICTED, 700_000)],
          AllocStatus.CLOSED, [(0, 700_000, RowKind.USAGE)]),
+    Case("a queued event is informational and meters nothing", {},
+         [ev("q", EventType.QUEUED, 0), ev("a", EventType.ADMITTED, 10)], AllocStatus.OPEN),
     Case("a start event is informational and meters nothing", {},
          [ev("a", EventType.ADMITTED, 0), ev("s", EventType.STARTED, 100)], AllocStatus.OPEN),
     Case("a second admission under another id does not restart the clock",
