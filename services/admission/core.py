@@ -51,8 +51,24 @@ class Book:
     seq: int = 0
     charged: Decimal = ZERO
     holds: dict[str, Decimal] = field(default_factory=dict)
-    started: set[str] = field(default_factory=set)
+    started: set[str] = field(default_factory=set)  # holds whose allocation may be metered
+    pending: Decimal = ZERO  # sum of holds not (known to be) started
     held: dict[str, JobAsk] = field(default_factory=dict)
+
+    def hold(self, job_id: str, amount: Decimal) -> None:
+        self.holds[job_id] = amount
+        self.pending += amount
+
+    def start(self, job_id: str) -> None:
+        if job_id in self.holds and job_id not in self.started:
+            self.started.add(job_id)
+            self.pending -= self.holds[job_id]
+
+    def drop(self, job_id: str) -> None:
+        amount = self.holds.pop(job_id, None)
+        if amount is not None and job_id not in self.started:
+            self.pending -= amount
+        self.started.discard(job_id)
 
 
 @dataclass(frozen=True)
@@ -89,9 +105,9 @@ class Admission:
         self.prices = await self.store.prices()
         for tenant, job_id, amount, state in await self.store.open_holds():
             b = self.book(tenant)
-            b.holds[job_id] = amount
+            b.hold(job_id, amount)
             if JobState(state) not in (JobState.ADMITTED, JobState.QUEUED):
-                b.started.add(job_id)
+                b.start(job_id)
         for tenant in await self.store.held_tenants():
             for row in await self.store.held(tenant):
                 self.book(tenant).held[row.job_id] = ask_of(row, self._flavor(row))
@@ -104,37 +120,39 @@ class Admission:
     # --- the ledger snapshot -------------------------------------------------
 
     async def _budget(self, tenant: str, b: Book) -> tuple[Policy | None, Budget, list[str]]:
-        started = sorted(b.started & b.holds.keys())
-        snap: Snapshot = await self.store.snapshot(tenant, b.seq, started)
+        snap: Snapshot = await self.store.snapshot(tenant, b.seq, sorted(b.started))
         b.charged += snap.charged_since
         b.seq = snap.seq
         spent = [jid for jid, (closed, _) in snap.started.items() if closed and jid in b.holds]
-        holds = tuple(Hold(jid, amount, snap.started.get(jid, (False, ZERO))[1],
-                           snap.started.get(jid, (False, ZERO))[0])
-                      for jid, amount in b.holds.items())
-        return snap.policy, Budget(snap.credits, b.charged, holds), spent
+        started = []
+        for jid in b.started:
+            closed, consumed = snap.started.get(jid, (False, ZERO))
+            started.append(Hold(jid, b.holds[jid], consumed, closed))
+        return snap.policy, Budget(snap.credits, b.charged, b.pending, tuple(started)), spent
 
     async def _spend(self, b: Book, spent: list[str]) -> None:
         if spent:
             await self.store.release(spent, "allocation closed by the meter", self.clock())
             for jid in spent:
-                b.holds.pop(jid, None)
-                b.started.discard(jid)
+                b.drop(jid)
 
     # --- decisions -----------------------------------------------------------
 
     async def admit(self, ask: JobAsk, name: str, spec: bytes, key: str) -> Outcome:
+        """Decide under the tenant's lock; publish after it, so the next decision of the
+        tenant does not wait for the bus."""
+        out = await self._admit_locked(ask, name, spec, key)
+        if not out.duplicate:
+            await self.publish(out.job, None)
+        return out
+
+    async def _admit_locked(self, ask: JobAsk, name: str, spec: bytes, key: str) -> Outcome:
         b = self.book(ask.tenant)
         async with b.lock:
             if key:
                 existing = await self.store.find_by_key(ask.tenant, key)
                 if existing is not None:
                     return self._replay(existing)
-            existing = await self.store.get(ask.job_id)
-            if existing is not None:
-                if existing.tenant != ask.tenant:
-                    raise FailedPrecondition(f"job id {ask.job_id} is taken")
-                return self._replay(existing)
             policy, budget, spent = await self._budget(ask.tenant, b)
             if policy is None:
                 raise NotFound(f"tenant {ask.tenant!r} does not exist")
@@ -142,17 +160,17 @@ class Admission:
             queue_ahead = any(h.priority >= ask.priority for h in b.held.values())
             d = decide(ask, policy, budget, self.prices, self.max_node_gpus, queue_ahead)
             row = await self.store.insert(ask, name, spec, key, d, self.clock())
-            if row is None:  # lost a race on the key outside this process: report that job
-                again = await self.store.find_by_key(ask.tenant, key) if key else None
-                if again is None:
-                    raise FailedPrecondition(f"job {ask.job_id} could not be stored")
+            if row is None:  # the job id or key exists already: report that job
+                again = (await self.store.find_by_key(ask.tenant, key) if key
+                         else await self.store.get(ask.job_id))
+                if again is None or again.tenant != ask.tenant:
+                    raise FailedPrecondition(f"job id {ask.job_id} is taken")
                 return self._replay(again)
             if d.verdict is Verdict.ADMITTED:
-                b.holds[ask.job_id] = d.reserved
+                b.hold(ask.job_id, d.reserved)
             elif d.verdict is Verdict.HELD:
                 b.held[ask.job_id] = ask_of(row, ask.flavor)
-            await self.publish(row, None)
-            return Outcome(row, d, budget.plus(Hold(ask.job_id, d.reserved))
+            return Outcome(row, d, budget.plus(d.reserved)
                            if d.verdict is Verdict.ADMITTED else budget)
 
     def _replay(self, row: JobRow) -> Outcome:
@@ -161,7 +179,7 @@ class Admission:
         if row.state is JobState.CANCELLED and row.admitted_us == 0:
             verdict = Verdict.HELD
         d = Decision(verdict, row.reason, row.reserved, row.priced_flavor)
-        return Outcome(row, d, Budget(ZERO, ZERO, ()), duplicate=True)
+        return Outcome(row, d, Budget(ZERO, ZERO), duplicate=True)
 
     async def reevaluate(self, tenant: str) -> list[JobRow]:
         """Spend closed holds, then release held jobs that now fit, in order."""
@@ -172,8 +190,6 @@ class Admission:
             await self._spend(b, spent)
             if policy is None or not b.held:
                 return released
-            budget = Budget(budget.credits, budget.charged,
-                            tuple(h for h in budget.holds if h.job_id not in spent))
             for ask, d in releasable(list(b.held.values()), policy, budget, self.prices,
                                      self.max_node_gpus):
                 row = await self.store.admit_held(ask, d, self.clock())
@@ -181,7 +197,7 @@ class Admission:
                 if row is None:
                     continue
                 if d.verdict is Verdict.ADMITTED:
-                    b.holds[ask.job_id] = d.reserved
+                    b.hold(ask.job_id, d.reserved)
                 await self.publish(row, JobState.HELD)
                 released.append(row)
         return released
@@ -204,7 +220,7 @@ class Admission:
             prev, new = moved
             b.held.pop(job_id, None)
             if never_ran:
-                b.holds.pop(job_id, None)
+                b.drop(job_id)
             await self.publish(new, prev)
         if never_ran:
             await self.reevaluate(tenant)
@@ -218,8 +234,7 @@ class Admission:
         target = {1: JobState.RUNNING, 3: JobState.SUCCEEDED, 4: JobState.EVICTED,
                   5: JobState.FAILED, 6: JobState.QUEUED}.get(kind)
         async with b.lock:
-            if job_id in b.holds:
-                b.started.add(job_id)
+            b.start(job_id)
             if target is None:
                 return None
             allowed = {JobState.RUNNING: [JobState.ADMITTED, JobState.QUEUED],

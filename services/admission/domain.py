@@ -57,21 +57,25 @@ class Hold:
 
 @dataclass(frozen=True)
 class Budget:
+    """credits - charged - reserved, where reserved is the untouched holds (`pending`,
+    summed, as many as the queue holds) plus what started holds have left."""
+
     credits: Decimal
     charged: Decimal
-    holds: tuple[Hold, ...]
+    pending: Decimal = ZERO
+    started: tuple[Hold, ...] = ()
 
     @property
     def reserved(self) -> Decimal:
-        return sum((max(ZERO, h.amount - h.consumed) for h in self.holds if not h.closed),
-                   ZERO)
+        return self.pending + sum(
+            (max(ZERO, h.amount - h.consumed) for h in self.started if not h.closed), ZERO)
 
     @property
     def remaining(self) -> Decimal:
         return self.credits - self.charged - self.reserved
 
-    def plus(self, hold: Hold) -> Budget:
-        return Budget(self.credits, self.charged, (*self.holds, hold))
+    def plus(self, amount: Decimal) -> Budget:
+        return Budget(self.credits, self.charged, self.pending + amount, self.started)
 
 
 @dataclass(frozen=True)
@@ -150,5 +154,5 @@ def releasable(held: Sequence[JobAsk], policy: Policy, budget: Budget,
             break
         out.append((job, d))
         if d.verdict is Verdict.ADMITTED:
-            budget = budget.plus(Hold(job.job_id, d.reserved))
+            budget = budget.plus(d.reserved)
     return out

@@ -88,27 +88,27 @@ class AdmissionStore:
         idempotency key or job id was already used: the caller returns that job."""
         state = {Verdict.ADMITTED: JobState.ADMITTED, Verdict.HELD: JobState.HELD,
                  Verdict.REJECTED: JobState.REJECTED}[d.verdict]
-        async with self.pool.acquire() as conn, conn.transaction():
-            r = await conn.fetchrow(f"""
-                INSERT INTO jobs (job_id, tenant, name, spec, gpus, priority, max_duration_s,
-                                  state, reason, reserved, priced_flavor, idempotency_key,
-                                  created_us, admitted_us, finished_us)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
-                ON CONFLICT DO NOTHING RETURNING {JOB_COLS}""",
-                ask.job_id, ask.tenant, name, spec, ask.gpus, ask.priority, ask.max_duration_s,
-                int(state), d.reason, d.reserved if d.verdict is Verdict.ADMITTED else 0,
-                d.priced_flavor, key, now_us,
-                now_us if d.verdict is Verdict.ADMITTED else 0,
-                now_us if d.verdict is Verdict.REJECTED else 0)
-            if r is None:
-                return None
-            await conn.execute(
-                "INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, "
-                "time_us) VALUES ($1, $2, 0, $3, $4, $5)",
-                ask.job_id, ask.tenant, int(state), d.reason, now_us)
-            if d.verdict is Verdict.ADMITTED:
-                await self._reserve(conn, ask, d.reserved, now_us)
-        return job_row(r)
+        admitted = d.verdict is Verdict.ADMITTED
+        # One statement (so one round trip and one implicit transaction): the job, its
+        # first transition and, when admitted, its reservation, or nothing at all.
+        r = await self.pool.fetchrow(f"""
+            WITH j AS (
+              INSERT INTO jobs (job_id, tenant, name, spec, gpus, priority, max_duration_s,
+                                state, reason, reserved, priced_flavor, idempotency_key,
+                                created_us, admitted_us, finished_us)
+              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+              ON CONFLICT DO NOTHING RETURNING {JOB_COLS}),
+            t AS (
+              INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, time_us)
+              SELECT job_id, tenant, 0, state, reason, $13 FROM j),
+            r AS (
+              INSERT INTO reservations (reservation_id, tenant, workload_id, amount, created_us)
+              SELECT job_id, tenant, job_id, reserved, $13 FROM j WHERE $16::boolean)
+            SELECT * FROM j""",
+            ask.job_id, ask.tenant, name, spec, ask.gpus, ask.priority, ask.max_duration_s,
+            int(state), d.reason, d.reserved if admitted else 0, d.priced_flavor, key, now_us,
+            now_us if admitted else 0, now_us if d.verdict is Verdict.REJECTED else 0, admitted)
+        return job_row(r) if r else None
 
     @staticmethod
     async def _reserve(conn: asyncpg.Connection, ask: JobAsk, amount: Decimal,
