@@ -1,0 +1,1 @@
+"""The placer: the only writer to Kubernetes for Kestrel work."""

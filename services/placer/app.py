@@ -1,0 +1,134 @@
+"""Wiring of the placer process: connections, core, watches, transports, lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter
+
+from kestrel import bus
+from kestrel import cluster as kc
+from kestrel.config import Endpoints, env_int, env_str
+from kestrel.db import create_pool
+from kestrel.grpcserver import Server
+from kestrel.service import serve_metrics
+from kestrel.v1 import placer_pb2, placer_pb2_grpc
+from services.placer.consumers import consume_admitted, follow_runway
+from services.placer.core import Placer, PlacerSettings
+from services.placer.domain import DEFAULT_SHORT_BP
+from services.placer.kube import KINDS, Kube, Watcher
+from services.placer.lifecycle import Derived
+from services.placer.servicer import PlacerServicer
+from services.placer.store import PlacerStore
+from services.placer.wire import event_to_wire
+
+log = logging.getLogger("kestrel.placer")
+
+
+@dataclass(frozen=True)
+class PlacerConfig:
+    endpoints: Endpoints
+    host: str
+    grpc_port: int
+    metrics_port: int
+    kubeconfig: str
+    settings: PlacerSettings
+    refresh_s: float
+
+    @classmethod
+    def from_env(cls) -> PlacerConfig:
+        flavors = tuple(f.strip() for f in env_str("KESTREL_PLACER_FLAVORS",
+                                                   ",".join(kc.GPU_FLAVORS)).split(",")
+                        if f.strip())
+        return cls(
+            endpoints=Endpoints.from_env(),
+            host=env_str("KESTREL_BIND_HOST", "127.0.0.1"),
+            grpc_port=env_int("KESTREL_PLACER_PORT", 50054),
+            metrics_port=env_int("KESTREL_PLACER_METRICS_PORT", 9154),
+            kubeconfig=env_str("KESTREL_KUBECONFIG", str(kc.PATHS.kubeconfig)),
+            settings=PlacerSettings(
+                flavors=flavors,
+                runway_check=env_str("KESTREL_RUNWAY_CHECK", "kestrel-runway"),
+                short_bp=env_int("KESTREL_PLACER_SHORT_BP", DEFAULT_SHORT_BP)),
+            refresh_s=float(env_int("KESTREL_PLACER_REFRESH_S", 10)),
+        )
+
+
+async def _every(seconds: float, stop: asyncio.Event, placer: Placer) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=seconds)
+        if stop.is_set():
+            return
+        try:
+            await placer.refresh()
+        except Exception:
+            log.exception("refreshing prices and tenant quotas failed")
+
+
+async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
+    pool = await create_pool(config.endpoints.postgres_dsn, max_size=4)
+    nc = await bus.connect(config.endpoints.nats_url, "placer")
+    js = nc.jetstream()
+    await bus.retry_forever("ensure streams", lambda: bus.ensure_streams(js))
+    kube: Kube = await bus.retry_forever(
+        "kubernetes client", lambda: asyncio.to_thread(Kube, config.kubeconfig))
+    store = PlacerStore(pool)
+    registry = CollectorRegistry()
+    published = Counter("kestrel_placer_events_published", "Workload events published",
+                        ["type"], registry=registry)
+    relists = Counter("kestrel_placer_relists", "Full lists of a watched kind", ["kind"],
+                      registry=registry)
+
+    async def publish(event: Derived) -> None:
+        await bus.publish(js, bus.subject_workload(event.tenant, int(event.type)),
+                          event_to_wire(event), event.event_id)
+
+    placer = Placer(kube, store, publish, config.settings)
+    placer.on_published = lambda e: published.labels(e.type.word).inc()
+    await bus.retry_forever("admission check", placer.ensure_admission_check)
+    await bus.retry_forever("prices", placer.refresh)
+
+    loop = asyncio.get_running_loop()
+    halt = threading.Event()
+    emit = placer.feed(loop)
+    for kind in KINDS:
+        Watcher(config.kubeconfig, kind, emit, halt,
+                on_relist=lambda k: relists.labels(k).inc()).start()
+    tasks = [asyncio.create_task(placer.run_observer(stop), name="observer")]
+    runway_ready = asyncio.Event()
+    tasks.append(asyncio.create_task(follow_runway(js, placer, stop, runway_ready),
+                                     name="runway"))
+    await runway_ready.wait()
+    await placer.synced.wait()  # every implied event of what exists is being published
+
+    server = Server(config.host, config.grpc_port,
+                    [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name])
+    placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(placer), server.server)
+    await server.start()
+    http = serve_metrics(registry, config.host, config.metrics_port)
+    tasks += [asyncio.create_task(consume_admitted(js, placer, stop), name="jobs"),
+              asyncio.create_task(_every(config.refresh_s, stop, placer), name="refresh")]
+    log.info("placer serving gRPC on %s (runway check %r, flavors %s)", server.address,
+             config.settings.runway_check, ",".join(config.settings.flavors))
+    try:
+        await stop.wait()
+    finally:
+        log.info("draining: finishing placements in flight, then closing")
+        stop.set()
+        halt.set()
+        await server.stop(grace_s=3)
+        for t in tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(t, timeout=10)
+        if http is not None:
+            http[0].shutdown()
+        with contextlib.suppress(Exception):
+            await nc.flush(timeout=2)
+            await nc.close()
+        await pool.close()
+        log.info("stopped")

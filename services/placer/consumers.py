@@ -1,0 +1,100 @@
+"""Transport: what the placer hears on the bus.
+
+- kestrel.jobs.admitted.> (durable pull consumer `placer`, work queue): each
+  admitted job becomes a Kubernetes Job; the message is acknowledged only after
+  the Job exists and its QUEUED event is published. Failures are redelivered.
+- kestrel.runway.> (ordered consumer, last value per subject): a live view of
+  every tenant's runway, complete at start-up before placement begins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from kestrel.v1 import events_pb2
+from services.placer.core import Placer
+from services.placer.wire import admitted_from_wire, runway_from_wire
+
+log = logging.getLogger("kestrel.placer.bus")
+
+DURABLE = "placer"
+STREAM = "KESTREL_JOBS"
+
+
+async def follow_runway(js: JetStreamContext, placer: Placer, stop: asyncio.Event,
+                        ready: asyncio.Event, catch_up_s: float = 5.0) -> None:
+    """Keep placer.runways current; set `ready` once the stream's backlog is read."""
+    try:
+        last = (await js.stream_info("KESTREL_RUNWAY")).state.last_seq
+    except Exception:
+        last = 0
+    seen = asyncio.Event()
+    if last == 0:
+        seen.set()
+
+    async def on_msg(msg: Msg) -> None:
+        try:
+            tenant, view = runway_from_wire(events_pb2.RunwayChanged.FromString(msg.data))
+        except Exception:
+            log.error("undecodable runway message on %s", msg.subject)
+            return
+        if tenant:
+            placer.runways[tenant] = view
+        if msg.metadata.sequence.stream >= last:
+            seen.set()
+
+    sub = await js.subscribe("kestrel.runway.>", cb=on_msg, ordered_consumer=True,
+                             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(seen.wait(), timeout=catch_up_s)
+    ready.set()
+    log.info("runway view: %d tenants", len(placer.runways))
+    await stop.wait()
+    with contextlib.suppress(Exception):
+        await sub.unsubscribe()
+
+
+async def _handle(placer: Placer, msg: Msg) -> None:
+    try:
+        job = admitted_from_wire(events_pb2.JobAdmitted.FromString(msg.data))
+    except Exception:
+        log.error("terminating undecodable JobAdmitted on %s", msg.subject)
+        await msg.term()
+        return
+    if not job.job_id or not job.tenant or job.gpus <= 0 or job.max_duration_s <= 0:
+        log.error("terminating invalid JobAdmitted %r on %s", job.job_id, msg.subject)
+        await msg.term()
+        return
+    try:
+        await placer.place(job)
+    except Exception as exc:
+        log.warning("placing %s failed (%s); redelivery in 1s", job.job_id, exc)
+        await msg.nak(delay=1.0)
+        return
+    await msg.ack()
+
+
+async def consume_admitted(js: JetStreamContext, placer: Placer, stop: asyncio.Event,
+                           batch: int = 64) -> None:
+    sub = await js.pull_subscribe(
+        "kestrel.jobs.admitted.>", durable=DURABLE, stream=STREAM,
+        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1,
+                              max_ack_pending=10_000))
+    while not stop.is_set():
+        try:
+            msgs = await sub.fetch(batch, timeout=0.5)
+        except (TimeoutError, NatsTimeout):
+            continue
+        except Exception as exc:  # connection trouble: nats-py reconnects
+            log.warning("fetch failed: %s", exc)
+            await asyncio.sleep(0.5)
+            continue
+        # Jobs are independent: place a batch concurrently, ack each on its own.
+        await asyncio.gather(*(_handle(placer, m) for m in msgs))

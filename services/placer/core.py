@@ -1,0 +1,367 @@
+"""The placer's cycle: tenants, placement of admitted jobs, observation, cancel.
+
+Placement: ensure the tenant (once per process, and whenever its quota
+changes), choose the flavor from the tenant's runway, create the Job
+(AlreadyExists counts as created), then feed the stored Job to the observer
+like any watch event, so its QUEUED event goes out before the caller acks.
+
+Observation: the watch threads feed Workloads, Jobs and Pods into one
+asyncio queue; one task folds them into a view per Kestrel job and publishes
+every event the view implies (lifecycle.derive) that it has not published
+yet. A restarted placer starts with no memory and publishes every implied
+event again: ids are stable, so JetStream, the meter and admission drop the
+repeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from kestrel.clock import Clock, now_us
+from kestrel.errors import FailedPrecondition, Unavailable
+from services.placer import manifests
+from services.placer.domain import FlavorAsk, Placement, RunwayView, choose_flavor
+from services.placer.kube import JOBS, KINDS, PODS, WORKLOADS, Kube
+from services.placer.lifecycle import (
+    FLAVOR_ANNOTATION,
+    FLAVOR_REASON_ANNOTATION,
+    JOB_ID_LABEL,
+    NAMESPACE_PREFIX,
+    Derived,
+    EventType,
+    Observed,
+    derive,
+    open_allocation,
+    owner_job,
+)
+from services.placer.store import PlacerStore, TenantQuota
+
+log = logging.getLogger("kestrel.placer")
+
+Publish = Callable[[Derived], Awaitable[None]]
+Key = tuple[str, str]  # (namespace, job name == Kestrel job id)
+
+
+@dataclass(frozen=True)
+class PlacerSettings:
+    flavors: tuple[str, ...] = ("gpu-h100", "gpu-a10")
+    runway_check: str = "kestrel-runway"
+    short_bp: int = 2500
+
+
+@dataclass(frozen=True)
+class AdmittedJob:
+    job_id: str
+    tenant: str
+    name: str
+    gpus: int
+    preference: str
+    max_duration_s: int
+    sim_duration_s: int
+    labels: Mapping[str, str]
+
+
+@dataclass
+class View:
+    job: dict[str, Any] | None = None
+    workload: dict[str, Any] | None = None
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    workload_deleted: bool = False
+    gone_us: int = 0
+    published: set[str] = field(default_factory=set)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def empty(self) -> bool:
+        return self.job is None and (self.workload is None or self.workload_deleted) and (
+            not self.pods)
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    return meta
+
+
+def key_of(kind: str, obj: Mapping[str, Any]) -> Key | None:
+    meta = _meta(obj)
+    ns = str(meta.get("namespace", ""))
+    if not ns.startswith(NAMESPACE_PREFIX):
+        return None
+    if kind == WORKLOADS:
+        job = owner_job(obj)
+        return (ns, job) if job else None
+    if kind == JOBS:
+        return ns, str(meta.get("name"))
+    job_id = (meta.get("labels") or {}).get(JOB_ID_LABEL)
+    return (ns, str(job_id)) if job_id else None
+
+
+class Placer:
+    def __init__(self, kube: Kube, store: PlacerStore, publish: Publish,
+                 settings: PlacerSettings, clock: Clock = now_us) -> None:
+        self.kube = kube
+        self.store = store
+        self.publish = publish
+        self.settings = settings
+        self.clock = clock
+        self.views: dict[Key, View] = {}
+        self.runways: dict[str, RunwayView] = {}
+        self.prices: dict[str, Decimal] = {}
+        self.tenants: dict[str, TenantQuota] = {}
+        self.tenant_locks: dict[str, asyncio.Lock] = {}
+        self.cancelled: set[str] = set()
+        self.queue: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue()
+        self.synced = asyncio.Event()
+        self._listed: set[str] = set()
+        self.on_published: Callable[[Derived], None] = lambda e: None
+        self.on_relist: Callable[[str], None] = lambda kind: None
+
+    # --- tenants -------------------------------------------------------------
+
+    def _lock(self, tenant: str) -> asyncio.Lock:
+        lock = self.tenant_locks.get(tenant)
+        if lock is None:
+            lock = self.tenant_locks[tenant] = asyncio.Lock()
+        return lock
+
+    async def ensure_admission_check(self) -> None:
+        check = self.settings.runway_check
+        if not check:
+            return
+        body = manifests.admission_check(check)
+        if await asyncio.to_thread(self.kube.create_cluster_if_missing, "admissionchecks", body):
+            log.info("created AdmissionCheck %s (controller %s)", check,
+                     manifests.RUNWAY_CONTROLLER)
+
+    async def ensure_tenant(self, tenant: str, quota: Mapping[str, int] | None = None) -> None:
+        """Namespace, ClusterQueue and LocalQueue of a tenant, created or patched.
+        Without `quota`, the tenant's profile in Postgres gives it."""
+        async with self._lock(tenant):
+            profile = (await self.store.profiles([tenant])).get(tenant, TenantQuota({}))
+            if quota is not None:
+                profile = TenantQuota(dict(quota), profile.suspended)
+            await self._apply_tenant(tenant, profile)
+
+    async def _apply_tenant(self, tenant: str, profile: TenantQuota) -> None:
+        unknown = sorted(set(profile.quota) - set(self.settings.flavors))
+        if unknown:
+            log.warning("tenant %s: quota for unknown flavors %s ignored", tenant, unknown)
+        cq = manifests.cluster_queue(tenant, profile.quota, self.settings.flavors,
+                                     self.settings.runway_check, profile.suspended)
+        await asyncio.to_thread(self.kube.apply_namespace, manifests.namespace(tenant))
+        await asyncio.to_thread(self.kube.apply_cluster, "clusterqueues", cq)
+        await asyncio.to_thread(self.kube.apply_local_queue, manifests.local_queue(tenant))
+        self.tenants[tenant] = profile
+        log.info("tenant %s ensured: quota %s%s", tenant, profile.quota,
+                 " (suspended: Hold)" if profile.suspended else "")
+
+    async def tenant_quota(self, tenant: str) -> TenantQuota:
+        known = self.tenants.get(tenant)
+        if known is None:
+            await self.ensure_tenant(tenant)
+            known = self.tenants[tenant]
+        return known
+
+    async def refresh(self) -> None:
+        """Re-read prices and the profiles of known tenants; re-apply changed quotas."""
+        self.prices = await self.store.prices()
+        if not self.tenants:
+            return
+        for tenant, profile in (await self.store.profiles(sorted(self.tenants))).items():
+            if self.tenants.get(tenant) != profile:
+                async with self._lock(tenant):
+                    await self._apply_tenant(tenant, profile)
+
+    # --- placement -----------------------------------------------------------
+
+    def placement(self, job: AdmittedJob, profile: TenantQuota) -> Placement:
+        quota = {f: profile.quota.get(f, 0) for f in self.settings.flavors}
+        return choose_flavor(FlavorAsk(job.gpus, job.preference, job.max_duration_s), quota,
+                             self.prices, self.runways.get(job.tenant), self.settings.short_bp)
+
+    async def place(self, job: AdmittedJob) -> Placement | None:
+        """Create the Job of an admitted job (idempotent) and publish its QUEUED event.
+        None when the job was cancelled before it could be placed."""
+        if job.job_id in self.cancelled or await self.store.cancelled(job.job_id):
+            log.info("job %s was cancelled before placement; not creating it", job.job_id)
+            return None
+        profile = await self.tenant_quota(job.tenant)
+        chosen = self.placement(job, profile)
+        plan = manifests.JobPlan(job.job_id, job.tenant, job.name, job.gpus, job.max_duration_s,
+                                 job.sim_duration_s, chosen.flavor, chosen.reason, job.labels)
+        body = manifests.job(plan)
+        try:
+            stored, created = await asyncio.to_thread(self.kube.create_job, body)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            # The namespace went away (deleted by an operator): ensure the tenant again.
+            self.tenants.pop(job.tenant, None)
+            profile = await self.tenant_quota(job.tenant)
+            stored, created = await asyncio.to_thread(self.kube.create_job, body)
+        log.info("job %s %s in %s on %s: %s", job.job_id,
+                 "created" if created else "already existed", body["metadata"]["namespace"],
+                 chosen.flavor, chosen.reason)
+        await self.observe_now(JOBS, "ADDED", stored)
+        ann = _meta(stored).get("annotations") or {}
+        return Placement(ann.get(FLAVOR_ANNOTATION, chosen.flavor),
+                         ann.get(FLAVOR_REASON_ANNOTATION, chosen.reason),
+                         chosen.short)
+
+    # --- cancel --------------------------------------------------------------
+
+    async def cancel(self, tenant: str, job_id: str) -> tuple[bool, int]:
+        """Delete the Job. An allocation still open ends now: FAILED "cancelled" at this
+        instant is published first, so a crash cannot leave it open. (deleted, instant)"""
+        self.cancelled.add(job_id)
+        ns = manifests.namespace_of(tenant)
+        job = await asyncio.to_thread(self.kube.read_job, ns, job_id)
+        wl = await asyncio.to_thread(self.kube.workload_of, ns, job_id)
+        view = self.views.setdefault((ns, job_id), View())
+        async with view.lock:
+            at = self.clock()
+            still_open = open_allocation(derive(Observed(job, wl)))
+            if still_open is not None:
+                ended = replace(still_open, type=EventType.FAILED, time_us=at, reason="cancelled")
+                if ended.event_id not in view.published:
+                    try:
+                        await self.publish(ended)
+                    except Exception as exc:
+                        raise Unavailable(f"could not publish the end of {job_id}: {exc}") from exc
+                    view.published.add(ended.event_id)
+                    self.on_published(ended)
+            if job is None:
+                return False, at
+            try:
+                deleted = await asyncio.to_thread(self.kube.delete_job, ns, job_id)
+            except ApiException as exc:
+                raise Unavailable(f"deleting job {job_id} failed: {exc.reason}") from exc
+        log.info("job %s cancelled at %d (%s)", job_id, at,
+                 "allocation ended" if still_open else "held no quota")
+        return deleted, at
+
+    # --- observation ---------------------------------------------------------
+
+    def feed(self, loop: asyncio.AbstractEventLoop) -> Callable[[str, str, Any], None]:
+        """A thread-safe callback for the watch threads."""
+
+        def emit(kind: str, etype: str, obj: Any) -> None:
+            loop.call_soon_threadsafe(self.queue.put_nowait, (kind, etype, obj))
+
+        return emit
+
+    async def run_observer(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            getter = asyncio.ensure_future(self.queue.get())
+            stopper = asyncio.ensure_future(stop.wait())
+            done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if getter not in done:
+                getter.cancel()
+                return
+            kind, etype, obj = getter.result()
+            try:
+                await self.observe_now(kind, etype, obj)
+            except Exception:
+                log.exception("observing %s %s failed", etype, kind)
+
+    async def observe_now(self, kind: str, etype: str, obj: Any) -> None:
+        if etype == "RELIST":
+            touched = self._relist(kind, obj)
+            self._listed.add(kind)
+            if not self.synced.is_set() and self._listed >= set(KINDS):
+                self.synced.set()
+                touched = set(self.views)
+                log.info("initial lists in: %d Kestrel jobs in Kubernetes", len(touched))
+            if self.synced.is_set():
+                for each in sorted(touched):
+                    await self._derive(each)
+            return
+        key = self._apply(kind, etype, obj)
+        if key is not None and self.synced.is_set():
+            await self._derive(key)
+
+    def _apply(self, kind: str, etype: str, obj: dict[str, Any]) -> Key | None:
+        key = key_of(kind, obj)
+        if key is None:
+            return None
+        view = self.views.setdefault(key, View())
+        deleted = etype == "DELETED"
+        if kind == WORKLOADS:
+            view.workload = obj
+            view.workload_deleted = deleted
+            view.gone_us = self.clock() if deleted else 0
+        elif kind == JOBS:
+            view.job = None if deleted else obj
+        elif deleted:
+            view.pods.pop(str(_meta(obj).get("name")), None)
+        else:
+            view.pods[str(_meta(obj).get("name"))] = obj
+        return key
+
+    def _relist(self, kind: str, items: Sequence[dict[str, Any]]) -> set[Key]:
+        """Apply a full list; what the cache holds but the list lacks was deleted."""
+        touched: set[Key] = set()
+        present: set[tuple[Key, str]] = set()
+        for obj in items:
+            added = self._apply(kind, "ADDED", obj)
+            if added is not None:
+                touched.add(added)
+                present.add((added, str(_meta(obj).get("name"))))
+        for key, view in list(self.views.items()):
+            if kind == WORKLOADS and view.workload is not None and not view.workload_deleted:
+                if (key, str(_meta(view.workload).get("name"))) not in present:
+                    self._apply(kind, "DELETED", view.workload)
+                    touched.add(key)
+            elif kind == JOBS and view.job is not None and (key, key[1]) not in present:
+                view.job = None
+                touched.add(key)
+            elif kind == PODS:
+                for name in [n for n in view.pods if (key, n) not in present]:
+                    view.pods.pop(name)
+                    touched.add(key)
+        return touched
+
+    async def _derive(self, key: Key) -> None:
+        view = self.views.get(key)
+        if view is None:
+            return
+        async with view.lock:
+            observed = Observed(view.job, view.workload, tuple(view.pods.values()),
+                                view.workload_deleted, view.gone_us)
+            for event in derive(observed):
+                if event.event_id in view.published:
+                    continue
+                await self._publish_retrying(event)
+                view.published.add(event.event_id)
+                self.on_published(event)
+            if view.empty:
+                self.views.pop(key, None)  # gone from Kubernetes; every event is out
+
+    async def _publish_retrying(self, event: Derived) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await self.publish(event)
+                return
+            except Exception as exc:
+                log.warning("publishing %s failed (%s); retrying in %.1fs", event.event_id,
+                            exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+def check_tenant_name(tenant: str) -> None:
+    """A tenant's namespace `kestrel-<tenant>` must be a valid DNS label (<= 63)."""
+    if len(manifests.namespace_of(tenant)) > 63:
+        raise FailedPrecondition(
+            f"tenant {tenant!r} is too long for its namespace (at most "
+            f"{63 - len(NAMESPACE_PREFIX)} characters)")
+

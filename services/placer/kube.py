@@ -1,0 +1,219 @@
+"""The Kubernetes adapter: synchronous client calls (run them in a thread) and
+watch threads that feed raw JSON dicts to the asyncio side.
+
+Objects travel as the apiserver's JSON (camelCase, RFC 3339 times), the form
+the pure lifecycle functions read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, cast
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
+from kubernetes.client.exceptions import ApiException
+
+from services.placer.lifecycle import JOB_ID_LABEL
+
+log = logging.getLogger("kestrel.placer.kube")
+
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
+WORKLOADS, JOBS, PODS = "workload", "job", "pod"
+KINDS = (WORKLOADS, JOBS, PODS)
+
+# (kind, event type ADDED|MODIFIED|DELETED|RELIST, object or list of objects)
+Emit = Callable[[str, str, Any], None]
+
+
+def _strip_none(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _strip_none(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [_strip_none(v) for v in obj]
+    return obj
+
+
+def new_api_client(kubeconfig: str) -> Any:
+    new_client = cast(Callable[..., Any], k8s_config.new_client_from_config)
+    api = new_client(config_file=kubeconfig)
+    api.configuration.connection_pool_maxsize = 32
+    return api
+
+
+class Kube:
+    """Blocking calls against one apiserver; every method is safe to run in a thread."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.api = new_api_client(kubeconfig)
+        self.core = k8s.CoreV1Api(self.api)
+        self.batch = k8s.BatchV1Api(self.api)
+        self.custom = k8s.CustomObjectsApi(self.api)
+
+    @staticmethod
+    def _raw(resp: Any) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(resp.data)
+        return data
+
+    # --- tenants -------------------------------------------------------------
+
+    def apply_namespace(self, body: Mapping[str, Any]) -> None:
+        try:
+            self.core.create_namespace(_strip_none(body))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.core.patch_namespace(body["metadata"]["name"],
+                                      {"metadata": {"labels": body["metadata"]["labels"]}})
+
+    def apply_cluster(self, plural: str, body: Mapping[str, Any]) -> None:
+        """Create a cluster-scoped Kueue object, or merge-patch its spec and labels."""
+        try:
+            self.custom.create_cluster_custom_object(GROUP, VERSION, plural, _strip_none(body))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.custom.patch_cluster_custom_object(
+                GROUP, VERSION, plural, body["metadata"]["name"],
+                {"metadata": {"labels": body["metadata"].get("labels", {})},
+                 "spec": body["spec"]})
+
+    def create_cluster_if_missing(self, plural: str, body: Mapping[str, Any]) -> bool:
+        try:
+            self.custom.create_cluster_custom_object(GROUP, VERSION, plural, _strip_none(body))
+            return True
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return False
+
+    def apply_local_queue(self, body: Mapping[str, Any]) -> None:
+        ns = body["metadata"]["namespace"]
+        try:
+            self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, "localqueues",
+                                                        _strip_none(body))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise  # spec.clusterQueue is immutable: an existing queue stays
+
+    # --- jobs ----------------------------------------------------------------
+
+    def create_job(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """(the Job as stored, whether this call created it); AlreadyExists reads it."""
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            resp = self.batch.create_namespaced_job(ns, _strip_none(body),
+                                                    _preload_content=False)
+            return self._raw(resp), True
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        found = self.read_job(ns, name)
+        if found is None:  # deleted between the two calls: the caller retries
+            raise ApiException(status=409, reason=f"job {ns}/{name} vanished")
+        return found, False
+
+    def read_job(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._raw(self.batch.read_namespaced_job(name, ns, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def delete_job(self, ns: str, name: str) -> bool:
+        try:
+            self.batch.delete_namespaced_job(name, ns, propagation_policy="Background")
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def workload_of(self, ns: str, job_name: str) -> dict[str, Any] | None:
+        listing = self._raw(self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, ns, "workloads", _preload_content=False))
+        items: list[dict[str, Any]] = listing.get("items") or []
+        for wl in items:
+            for ref in wl["metadata"].get("ownerReferences") or []:
+                if ref.get("kind") == "Job" and ref.get("name") == job_name:
+                    return wl
+        return None
+
+    # --- listing and watching ------------------------------------------------
+
+    def lister(self, kind: str) -> Callable[..., Any]:
+        if kind == WORKLOADS:
+            def workloads(**kw: Any) -> Any:
+                return self.custom.list_cluster_custom_object(GROUP, VERSION, "workloads", **kw)
+            return workloads
+        if kind == JOBS:
+            def jobs(**kw: Any) -> Any:
+                return self.batch.list_job_for_all_namespaces(label_selector=JOB_ID_LABEL, **kw)
+            return jobs
+
+        def pods(**kw: Any) -> Any:
+            return self.core.list_pod_for_all_namespaces(label_selector=JOB_ID_LABEL, **kw)
+        return pods
+
+    def list_raw(self, kind: str) -> tuple[list[dict[str, Any]], str]:
+        data = self._raw(self.lister(kind)(_preload_content=False))
+        return list(data.get("items") or []), str(data["metadata"]["resourceVersion"])
+
+    def watch_raw(self, kind: str, resource_version: str,
+                  timeout_s: int) -> Iterator[dict[str, Any]]:
+        w = cast(Any, k8s_watch).Watch()
+        yield from w.stream(self.lister(kind), resource_version=resource_version,
+                            timeout_seconds=timeout_s, allow_watch_bookmarks=True,
+                            deserialize=False)
+
+
+class Watcher(threading.Thread):
+    """List, then watch from the list's resourceVersion; relist on 410 Gone (or any
+    broken watch that cannot resume). Every list is emitted whole as RELIST."""
+
+    def __init__(self, kubeconfig: str, kind: str, emit: Emit, stop: threading.Event,
+                 timeout_s: int = 50, on_relist: Callable[[str], None] = lambda k: None) -> None:
+        super().__init__(name=f"watch-{kind}", daemon=True)
+        self.kubeconfig = kubeconfig
+        self.kind = kind
+        self.emit = emit
+        self.stop = stop
+        self.timeout_s = timeout_s
+        self.on_relist = on_relist
+
+    def run(self) -> None:
+        kube: Kube | None = None
+        delay = 0.2
+        while not self.stop.is_set():
+            try:
+                if kube is None:
+                    kube = Kube(self.kubeconfig)
+                items, rv = kube.list_raw(self.kind)
+                self.emit(self.kind, "RELIST", items)
+                self.on_relist(self.kind)
+                delay = 0.2
+                while not self.stop.is_set():
+                    for event in kube.watch_raw(self.kind, rv, self.timeout_s):
+                        obj = event.get("object") or {}
+                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                            self.emit(self.kind, str(event["type"]), obj)
+                        if self.stop.is_set():
+                            return
+            except ApiException as exc:
+                if exc.status == 410:
+                    log.info("watch %s: resourceVersion gone (410); relisting", self.kind)
+                    continue
+                log.warning("watch %s: %s; relisting in %.1fs", self.kind, exc, delay)
+            except Exception as exc:
+                log.warning("watch %s failed: %s; relisting in %.1fs", self.kind, exc, delay)
+                kube = None
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)

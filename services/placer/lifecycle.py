@@ -1,0 +1,283 @@
+"""Workload events implied by Kubernetes objects: a pure function over their dicts.
+
+Input is what the placer last saw of one Kestrel job (its batch/v1 Job, the
+Kueue Workload that owns its quota, its pods), as the JSON dicts the
+apiserver serves. Output is every event that state implies, in lifecycle
+order, each with a stable id, so a restarted placer can publish them all
+again and the meter and admission drop the repeats.
+
+Times come from Kubernetes timestamps, never from the placer's clock:
+
+- QUEUED   the Job's creationTimestamp (flavor and reason from its annotations)
+- ADMITTED the Workload's QuotaReserved=True transition (metering starts)
+- STARTED  the first container start of a pod of this allocation
+- FINISHED the Workload's Finished=True transition when it succeeded
+- FAILED   Finished=True otherwise; the Job's Failed condition or the Workload's
+           deletion when the Workload vanished while it still held quota
+- EVICTED  the Workload's Evicted=True transition (e.g. Deactivated)
+
+Kueue counts evictions in status.schedulingStats; a Workload that gets quota
+again after an eviction is a new allocation, `<job_id>.r2`, `.r3`, ...
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+JOB_ID_LABEL = "kestrel.dev/job-id"
+TENANT_LABEL = "kestrel.dev/tenant"
+FLAVOR_ANNOTATION = "kestrel.dev/flavor"
+FLAVOR_REASON_ANNOTATION = "kestrel.dev/flavor-reason"
+NAMESPACE_PREFIX = "kestrel-"
+GPU = "nvidia.com/gpu"
+
+Obj = Mapping[str, Any]
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class EventType(enum.IntEnum):
+    # Values match kestrel.v1.WorkloadEventType.
+    ADMITTED = 1
+    STARTED = 2
+    FINISHED = 3
+    EVICTED = 4
+    FAILED = 5
+    QUEUED = 6
+
+    @property
+    def word(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Derived:
+    """One WorkloadEvent, in the placer's own terms."""
+
+    type: EventType
+    tenant: str
+    job_id: str
+    workload_id: str
+    time_us: int
+    flavor: str
+    gpus: int
+    reason: str
+    k8s_namespace: str
+    k8s_name: str
+
+    @property
+    def event_id(self) -> str:
+        return f"{self.workload_id}:{self.type.word}"
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the placer last saw of one Kestrel job."""
+
+    job: Obj | None = None
+    workload: Obj | None = None
+    pods: Sequence[Obj] = ()
+    # The Workload was deleted (its last state is `workload`); `gone_us` is the
+    # instant to use when it carried no deletionTimestamp.
+    workload_deleted: bool = False
+    gone_us: int = 0
+
+
+def time_us(value: str) -> int:
+    """RFC 3339 (what the apiserver writes) to integer microseconds since the epoch."""
+    dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    delta = dt - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def condition(obj: Obj | None, ctype: str) -> Obj | None:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == ctype:
+            return dict(cond)
+    return None
+
+
+def is_true(cond: Obj | None) -> bool:
+    return cond is not None and cond.get("status") == "True"
+
+
+def allocation_id(job_id: str, attempt: int) -> str:
+    return job_id if attempt <= 1 else f"{job_id}.r{attempt}"
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def _labels(obj: Obj | None) -> Mapping[str, str]:
+    return ((obj or {}).get("metadata") or {}).get("labels") or {}
+
+
+def _template_labels(workload: Obj) -> Mapping[str, str]:
+    for ps in (workload.get("spec") or {}).get("podSets") or []:
+        labels = ((ps.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        if JOB_ID_LABEL in labels:
+            return dict(labels)
+    return {}
+
+
+def owner_job(workload: Obj) -> str | None:
+    for ref in (workload.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "Job" and ref.get("apiVersion", "").startswith("batch/"):
+            return str(ref.get("name"))
+    return None
+
+
+def identity(job: Obj | None = None, workload: Obj | None = None) -> tuple[str, str] | None:
+    """(tenant, job_id) of a Kestrel job, or None for anything else."""
+    for labels in (_labels(job), _template_labels(workload) if workload else {}):
+        if labels.get(JOB_ID_LABEL) and labels.get(TENANT_LABEL):
+            return labels[TENANT_LABEL], labels[JOB_ID_LABEL]
+    if workload is not None:
+        ns = (workload.get("metadata") or {}).get("namespace", "")
+        name = owner_job(workload)
+        if name and ns.startswith(NAMESPACE_PREFIX):
+            return ns.removeprefix(NAMESPACE_PREFIX), name
+    return None
+
+
+def _pod_gpus(template: Obj) -> int:
+    total = 0
+    for c in ((template.get("spec") or {}).get("containers")) or []:
+        res = c.get("resources") or {}
+        total += _quantity((res.get("limits") or {}).get(GPU) or
+                           (res.get("requests") or {}).get(GPU) or 0)
+    return total
+
+
+def job_gpus(job: Obj | None) -> int:
+    spec = (job or {}).get("spec") or {}
+    return _pod_gpus(spec.get("template") or {}) * int(spec.get("parallelism") or 1)
+
+
+def assignment(workload: Obj) -> tuple[str, int]:
+    """(GPU flavor Kueue assigned, GPUs it reserved); ("", 0) before admission."""
+    flavor, gpus = "", 0
+    for psa in ((workload.get("status") or {}).get("admission") or {}).get(
+            "podSetAssignments") or []:
+        flavor = flavor or (psa.get("flavors") or {}).get(GPU, "")
+        gpus += _quantity((psa.get("resourceUsage") or {}).get(GPU) or 0)
+    if gpus == 0:
+        for ps in (workload.get("spec") or {}).get("podSets") or []:
+            gpus += _pod_gpus(ps.get("template") or {}) * int(ps.get("count") or 1)
+    return flavor, gpus
+
+
+def evictions(workload: Obj) -> int:
+    stats = ((workload.get("status") or {}).get("schedulingStats") or {}).get("evictions") or []
+    return sum(int(e.get("count") or 0) for e in stats)
+
+
+def _started_us(workload: Obj, pods: Sequence[Obj], since_us: int) -> int | None:
+    starts: list[int] = []
+    for pod in pods:
+        created = (pod.get("metadata") or {}).get("creationTimestamp")
+        if created and time_us(created) < since_us:
+            continue  # a pod of an earlier allocation
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            state = cs.get("state") or {}
+            at = (state.get("running") or {}).get("startedAt") or (
+                state.get("terminated") or {}).get("startedAt")
+            if at:
+                starts.append(time_us(at))
+    if starts:
+        return max(min(starts), since_us)
+    ready = condition(workload, "PodsReady")
+    if is_true(ready) and ready is not None and time_us(ready["lastTransitionTime"]) >= since_us:
+        return time_us(ready["lastTransitionTime"])
+    return None
+
+
+def _words(cond: Obj, default: str) -> str:
+    reason, message = cond.get("reason") or "", cond.get("message") or ""
+    text = f"{reason}: {message}" if reason and message else reason or message or default
+    return text[:200]
+
+
+def derive(obs: Observed) -> list[Derived]:
+    """Every event the observed state implies, in lifecycle order."""
+    who = identity(obs.job, obs.workload)
+    if who is None:
+        return []
+    tenant, job_id = who
+    out: list[Derived] = []
+    job, wl = obs.job, obs.workload
+    if job is not None:
+        meta = job.get("metadata") or {}
+        ann = meta.get("annotations") or {}
+        if ann.get(FLAVOR_ANNOTATION) and meta.get("creationTimestamp"):
+            out.append(Derived(EventType.QUEUED, tenant, job_id, job_id,
+                               time_us(meta["creationTimestamp"]), ann[FLAVOR_ANNOTATION],
+                               job_gpus(job), ann.get(FLAVOR_REASON_ANNOTATION, ""),
+                               meta.get("namespace", ""), meta.get("name", "")))
+    if wl is None:
+        return out
+    wmeta = wl.get("metadata") or {}
+    ns, name = wmeta.get("namespace", ""), wmeta.get("name", "")
+    flavor, gpus = assignment(wl)
+    if not flavor and job is not None:
+        flavor = ((job.get("metadata") or {}).get("annotations") or {}).get(
+            FLAVOR_ANNOTATION, "")
+    gpus = gpus or job_gpus(job)
+
+    def event(kind: EventType, wid: str, at: int, reason: str) -> Derived:
+        return Derived(kind, tenant, job_id, wid, at, flavor, gpus, reason, ns, name)
+
+    reserved = condition(wl, "QuotaReserved")
+    evicted = condition(wl, "Evicted")
+    finished = condition(wl, "Finished")
+    n_evicted = evictions(wl)
+    if is_true(evicted) and evicted is not None:
+        wid = allocation_id(job_id, max(n_evicted, 1))
+        if is_true(reserved) and reserved is not None:
+            out.append(event(EventType.ADMITTED, wid, time_us(reserved["lastTransitionTime"]),
+                             "quota reserved"))
+        out.append(event(EventType.EVICTED, wid, time_us(evicted["lastTransitionTime"]),
+                         _words(evicted, "evicted")))
+        return out
+    wid = allocation_id(job_id, n_evicted + 1)
+    held = is_true(reserved) and reserved is not None
+    if held and reserved is not None:
+        start = time_us(reserved["lastTransitionTime"])
+        out.append(event(EventType.ADMITTED, wid, start, _words(reserved, "quota reserved")))
+        started = _started_us(wl, obs.pods, start)
+        if started is not None:
+            out.append(event(EventType.STARTED, wid, started, "pod running"))
+    if is_true(finished) and finished is not None:
+        ok = finished.get("reason") == "Succeeded"
+        out.append(event(EventType.FINISHED if ok else EventType.FAILED, wid,
+                         time_us(finished["lastTransitionTime"]),
+                         _words(finished, "succeeded" if ok else "failed")))
+        return out
+    if not obs.workload_deleted or not held:
+        return out
+    failed = condition(job, "Failed")
+    if is_true(failed) and failed is not None:
+        out.append(event(EventType.FAILED, wid, time_us(failed["lastTransitionTime"]),
+                         _words(failed, "failed")))
+    else:
+        gone = wmeta.get("deletionTimestamp")
+        out.append(event(EventType.FAILED, wid, time_us(gone) if gone else obs.gone_us,
+                         "deleted from Kubernetes"))
+    return out
+
+
+def open_allocation(events: Sequence[Derived]) -> Derived | None:
+    """The ADMITTED event of the allocation still open among `events`, if any."""
+    closed = {e.workload_id for e in events
+              if e.type in (EventType.FINISHED, EventType.FAILED, EventType.EVICTED)}
+    opened = [e for e in events if e.type is EventType.ADMITTED and e.workload_id not in closed]
+    return opened[-1] if opened else None

@@ -1,0 +1,153 @@
+"""The Kubernetes objects the placer writes, built as plain dicts (no I/O)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from services.placer.lifecycle import (
+    FLAVOR_ANNOTATION,
+    FLAVOR_REASON_ANNOTATION,
+    GPU,
+    JOB_ID_LABEL,
+    NAMESPACE_PREFIX,
+    TENANT_LABEL,
+)
+
+KUEUE = "kueue.x-k8s.io/v1beta2"
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+KWOK_DURATION_ANNOTATION = "pod-complete.stage.kwok.x-k8s.io/delay"
+FLAVOR_NODE_LABEL = "kestrel.dev/flavor"  # cluster/manifests/nodes.yaml
+LOCAL_QUEUE = "gpu"
+COHORT = "kestrel-gpu"
+RUNWAY_CONTROLLER = "kestrel.dev/runway"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "kestrel-placer"
+# What the KWOK GPU nodes are tainted with (the ResourceFlavors carry the same).
+GPU_TOLERATIONS: tuple[Mapping[str, str], ...] = (
+    {"key": "kwok.x-k8s.io/node", "operator": "Equal", "value": "fake", "effect": "NoSchedule"},
+    {"key": GPU, "operator": "Exists", "effect": "NoSchedule"},
+)
+# Per pod, besides its GPUs; the ClusterQueue's cpu/memory quota scales with GPUs.
+POD_CPU, POD_MEMORY = "100m", "128Mi"
+CPU_PER_GPU, MEMORY_GIB_PER_GPU = 4, 16
+
+
+def namespace_of(tenant: str) -> str:
+    return f"{NAMESPACE_PREFIX}{tenant}"
+
+
+def cluster_queue_of(tenant: str) -> str:
+    return f"{NAMESPACE_PREFIX}{tenant}"
+
+
+def namespace(tenant: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": namespace_of(tenant),
+                         "labels": {TENANT_LABEL: tenant, MANAGED_BY_LABEL: MANAGED_BY}}}
+
+
+def local_queue(tenant: str) -> dict[str, Any]:
+    return {"apiVersion": KUEUE, "kind": "LocalQueue",
+            "metadata": {"name": LOCAL_QUEUE, "namespace": namespace_of(tenant),
+                         "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
+            "spec": {"clusterQueue": cluster_queue_of(tenant)}}
+
+
+def cluster_queue(tenant: str, quota: Mapping[str, int], flavors: Sequence[str],
+                  check: str, suspended: bool = False) -> dict[str, Any]:
+    """ClusterQueue `kestrel-<tenant>` in the cohort: GPU quota per flavor (0 where the
+    tenant has none, so borrowing from the cohort stays possible), the runway
+    AdmissionCheck when `check` is not empty, and Hold when the tenant is suspended."""
+    groups = []
+    for flavor in flavors:
+        gpus = max(int(quota.get(flavor, 0)), 0)
+        groups.append({"name": flavor, "resources": [
+            {"name": "cpu", "nominalQuota": str(gpus * CPU_PER_GPU)},
+            {"name": "memory", "nominalQuota": f"{gpus * MEMORY_GIB_PER_GPU}Gi"},
+            {"name": GPU, "nominalQuota": str(gpus)},
+        ]})
+    spec: dict[str, Any] = {
+        "cohortName": COHORT,
+        "namespaceSelector": {"matchLabels": {TENANT_LABEL: tenant}},
+        "queueingStrategy": "BestEffortFIFO",
+        "resourceGroups": [{"coveredResources": ["cpu", "memory", GPU], "flavors": groups}],
+        "stopPolicy": "Hold" if suspended else "None",
+        # v1beta2 spells v1beta1's `admissionChecks: [name]` this way.
+        "admissionChecksStrategy": ({"admissionChecks": [{"name": check}]} if check else None),
+    }
+    return {"apiVersion": KUEUE, "kind": "ClusterQueue",
+            "metadata": {"name": cluster_queue_of(tenant),
+                         "labels": {TENANT_LABEL: tenant, MANAGED_BY_LABEL: MANAGED_BY}},
+            "spec": spec}
+
+
+def admission_check(name: str) -> dict[str, Any]:
+    return {"apiVersion": KUEUE, "kind": "AdmissionCheck",
+            "metadata": {"name": name, "labels": {MANAGED_BY_LABEL: MANAGED_BY}},
+            "spec": {"controllerName": RUNWAY_CONTROLLER}}
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything the Job of one admitted Kestrel job is built from."""
+
+    job_id: str
+    tenant: str
+    name: str
+    gpus: int
+    max_duration_s: int
+    sim_duration_s: int
+    flavor: str
+    flavor_reason: str
+    labels: Mapping[str, str]
+
+
+def _label_ok(key: str, value: str) -> bool:
+    return (not key.startswith(("kestrel.dev/", "kueue.x-k8s.io/")) and len(value) <= 63
+            and all(c.isalnum() or c in "-_." for c in value))
+
+
+def job(plan: JobPlan) -> dict[str, Any]:
+    """A suspended batch/v1 Job for Kueue: hard deadline max_duration_s, one pod on the
+    chosen flavor's nodes for sim_duration_s (KWOK), never retried."""
+    run_s = plan.sim_duration_s if plan.sim_duration_s > 0 else plan.max_duration_s
+    own = {JOB_ID_LABEL: plan.job_id, TENANT_LABEL: plan.tenant}
+    extra = {k: v for k, v in plan.labels.items() if _label_ok(k, v)}
+    labels = {**extra, **own, QUEUE_NAME_LABEL: LOCAL_QUEUE, MANAGED_BY_LABEL: MANAGED_BY}
+    annotations = {FLAVOR_ANNOTATION: plan.flavor,
+                   FLAVOR_REASON_ANNOTATION: plan.flavor_reason}
+    if plan.name:
+        annotations["kestrel.dev/name"] = plan.name
+    gpus = str(plan.gpus)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "tolerations": [dict(t) for t in GPU_TOLERATIONS],
+        "containers": [{
+            "name": "work",
+            "image": "kestrel.dev/simulated-gpu-work:none",  # never pulled: a KWOK pod
+            "resources": {"requests": {"cpu": POD_CPU, "memory": POD_MEMORY, GPU: gpus},
+                          "limits": {GPU: gpus}},
+        }],
+    }
+    if plan.flavor:
+        pod_spec["nodeSelector"] = {FLAVOR_NODE_LABEL: plan.flavor}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": plan.job_id, "namespace": namespace_of(plan.tenant),
+                     "labels": labels, "annotations": annotations},
+        "spec": {
+            "suspend": True,
+            "parallelism": 1,
+            "completions": 1,
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": plan.max_duration_s,
+            "template": {
+                "metadata": {"labels": {**extra, **own},
+                             "annotations": {KWOK_DURATION_ANNOTATION: f"{run_s}s"}},
+                "spec": pod_spec,
+            },
+        },
+    }

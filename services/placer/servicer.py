@@ -1,0 +1,62 @@
+"""Transport: kestrel.v1.Placer. Thin: validate, call the core, convert back."""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import grpc
+
+from kestrel.errors import Unimplemented, Violations
+from kestrel.grpcserver import map_errors
+from kestrel.v1 import placer_pb2, placer_pb2_grpc
+from services.placer import manifests
+from services.placer.core import Placer, check_tenant_name
+
+Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+
+@map_errors
+class PlacerServicer(placer_pb2_grpc.PlacerServicer):
+    def __init__(self, placer: Placer) -> None:
+        self.placer = placer
+
+    async def EnsureTenant(self, request: placer_pb2.EnsureTenantRequest,
+                           context: Ctx) -> placer_pb2.EnsureTenantResponse:
+        v = Violations()
+        if not request.tenant:
+            v.add("tenant", "is required")
+        for i, q in enumerate(request.quota):
+            if not q.flavor:
+                v.add(f"quota[{i}].flavor", "is required")
+            if q.gpus < 0:
+                v.add(f"quota[{i}].gpus", "must not be negative")
+        v.raise_if_any()
+        check_tenant_name(request.tenant)
+        quota = {q.flavor: q.gpus for q in request.quota} if request.quota else None
+        await self.placer.ensure_tenant(request.tenant, quota)
+        return placer_pb2.EnsureTenantResponse(
+            namespace=manifests.namespace_of(request.tenant), local_queue=manifests.LOCAL_QUEUE,
+            cluster_queue=manifests.cluster_queue_of(request.tenant))
+
+    async def CancelWorkload(self, request: placer_pb2.CancelWorkloadRequest,
+                             context: Ctx) -> placer_pb2.CancelWorkloadResponse:
+        v = Violations()
+        if not request.tenant:
+            v.add("tenant", "is required")
+        if not request.workload_id:
+            v.add("workload_id", "is required")
+        v.raise_if_any()
+        deleted, at = await self.placer.cancel(request.tenant, request.workload_id)
+        return placer_pb2.CancelWorkloadResponse(deleted=deleted, cancelled_us=at)
+
+    async def ApplyEndpoint(self, request: placer_pb2.ApplyEndpointRequest,
+                            context: Ctx) -> placer_pb2.ApplyEndpointResponse:
+        raise Unimplemented("endpoints are not placed yet")
+
+    async def ScaleEndpoint(self, request: placer_pb2.ScaleEndpointRequest,
+                            context: Ctx) -> placer_pb2.ScaleEndpointResponse:
+        raise Unimplemented("endpoints are not placed yet")
+
+    async def DeleteEndpoint(self, request: placer_pb2.DeleteEndpointRequest,
+                             context: Ctx) -> placer_pb2.DeleteEndpointResponse:
+        raise Unimplemented("endpoints are not placed yet")

@@ -1,0 +1,49 @@
+"""Postgres, read-only: tenant quotas (the gateway's), prices (the meter's), job states
+(admission's). The placer owns no table."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+import asyncpg
+
+from kestrel.jobs import JobState
+
+
+@dataclass(frozen=True)
+class TenantQuota:
+    quota: dict[str, int]  # GPUs per flavor
+    suspended: bool = False
+
+
+class PlacerStore:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def prices(self) -> dict[str, Decimal]:
+        if not await self.pool.fetchval("SELECT to_regclass('prices') IS NOT NULL"):
+            return {}
+        rows = await self.pool.fetch("""
+            SELECT DISTINCT ON (flavor) flavor, price_per_gpu_s
+            FROM prices ORDER BY flavor, effective_us DESC, price_id DESC""")
+        return {r["flavor"]: r["price_per_gpu_s"] for r in rows}
+
+    async def profiles(self, tenants: Sequence[str]) -> dict[str, TenantQuota]:
+        if not await self.pool.fetchval("SELECT to_regclass('tenant_profiles') IS NOT NULL"):
+            return {}
+        rows = await self.pool.fetch(
+            "SELECT tenant, gpu_quota, suspended FROM tenant_profiles WHERE tenant = ANY($1)",
+            list(tenants))
+        return {r["tenant"]: TenantQuota({k: int(v) for k, v in
+                                          json.loads(r["gpu_quota"]).items()},
+                                         bool(r["suspended"])) for r in rows}
+
+    async def cancelled(self, job_id: str) -> bool:
+        """Admission cancelled the job (a JobAdmitted may still be queued for it)."""
+        if not await self.pool.fetchval("SELECT to_regclass('jobs') IS NOT NULL"):
+            return False
+        state = await self.pool.fetchval("SELECT state FROM jobs WHERE job_id = $1", job_id)
+        return state is not None and int(state) == int(JobState.CANCELLED)

@@ -1,0 +1,387 @@
+"""End-to-end: the placer as a real process against the real data plane.
+
+Real kube-apiserver + Kueue (KWOK simulates only the GPU nodes and their pods),
+real NATS JetStream and Postgres from the session stack. No assertion is about
+wall-clock speed: waits are bounded only so a broken setup fails instead of
+hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+import grpc
+import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+
+from kestrel import bus
+from kestrel import cluster as kc
+from kestrel.clock import now_us
+from kestrel.devstack import free_port
+from kestrel.procs import ServiceProcess
+from kestrel.v1 import common_pb2, events_pb2, placer_pb2, placer_pb2_grpc
+from services.gateway.store import GatewayStore
+from services.meter.store import MeterStore
+from services.placer.lifecycle import condition, time_us
+
+pytestmark = pytest.mark.e2e
+
+WAIT_S = 180.0  # upper bound for any single wait; never asserted as a duration
+T = TypeVar("T")
+QUEUED, ADMITTED, STARTED, FINISHED, EVICTED, FAILED = 6, 1, 2, 3, 4, 5
+
+
+@pytest.fixture(scope="session")
+def data_plane() -> Iterator[kc.ClusterInfo]:
+    """The cluster, started if needed; stopped afterwards if this session started it."""
+    was_up = kc.is_up()
+    yield kc.ensure_cluster()
+    if not was_up and os.environ.get("KESTREL_KEEP_CLUSTER") != "1":
+        kc.cluster_down()
+
+
+@pytest.fixture(scope="session")
+def k8s(data_plane: kc.ClusterInfo) -> Any:
+    return kc.api_client()
+
+
+def _apis(api: Any) -> tuple[Any, Any, Any]:
+    from kubernetes import client
+
+    return client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
+
+
+async def wait_for(what: str, fn: Callable[[], Awaitable[T] | T],
+                   timeout_s: float = WAIT_S) -> T:
+    """Poll `fn` (sync or async) until it returns something truthy; return it."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.1
+    while True:
+        value = fn()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+
+
+class Events:
+    """Every WorkloadEvent in stream KESTREL_WORKLOADS, as it arrives (ordered consumer)."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, events_pb2.WorkloadEvent]] = []
+
+    async def start(self, js: JetStreamContext) -> None:
+        async def on_msg(msg: Msg) -> None:
+            msg_id = (msg.headers or {}).get(bus.MSG_ID_HEADER, "")
+            self.items.append((msg_id, events_pb2.WorkloadEvent.FromString(msg.data)))
+
+        await js.subscribe("kestrel.workload.>", cb=on_msg, ordered_consumer=True,
+                           deliver_policy=DeliverPolicy.ALL)
+
+    def of(self, workload_prefix: str, typ: int | None = None) -> list[events_pb2.WorkloadEvent]:
+        return [e for _, e in self.items if e.workload_id.startswith(workload_prefix)
+                and (typ is None or e.type == typ)]
+
+    def one(self, job_id: str, typ: int) -> events_pb2.WorkloadEvent | None:
+        found = [e for e in self.of(job_id, typ) if e.workload_id == job_id]
+        return found[0] if found else None
+
+
+class Harness:
+    """One placer process over a fresh database and clean bus, plus tenant bookkeeping."""
+
+    def __init__(self, env: dict[str, str], dsn: str, js: JetStreamContext, api: Any,
+                 tmp: Path) -> None:
+        self.port = free_port()
+        self.env = {**env, "KESTREL_POSTGRES_DSN": dsn, "KESTREL_PLACER_PORT": str(self.port),
+                    "KESTREL_PLACER_METRICS_PORT": "0", "KESTREL_RUNWAY_CHECK": "",
+                    "KESTREL_KUBECONFIG": str(kc.PATHS.kubeconfig)}
+        self.dsn = dsn
+        self.js = js
+        self.api = api
+        self.tmp = tmp
+        self.proc: ServiceProcess | None = None
+        self.starts = 0
+        self.tenants: list[str] = []
+        self.events = Events()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, **env: str) -> ServiceProcess:
+        self.starts += 1
+        self.proc = ServiceProcess("placer", {**self.env, **env}, self.address,
+                                   self.tmp / f"placer-{self.starts}.log").start(timeout_s=90)
+        return self.proc
+
+    async def tenant(self, quota: dict[str, int]) -> str:
+        name = f"pl{uuid.uuid4().hex[:8]}"
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await conn.execute(
+                "INSERT INTO tenant_profiles (tenant, display_name, gpu_quota, rate_per_s, "
+                "burst, suspended, created_us) VALUES ($1, '', $2, 10, 10, false, $3)",
+                name, json.dumps(quota), now_us())
+        finally:
+            await conn.close()
+        self.tenants.append(name)
+        return name
+
+    async def admit(self, tenant: str, gpus: int = 1, max_s: int = 60, sim_s: int = 2,
+                    flavor: str = "", job_id: str = "", msg_id: str = "") -> str:
+        job_id = job_id or f"job-{uuid.uuid4().hex[:16]}"
+        spec = common_pb2.JobSpec(name="e2e", gpus=gpus, flavor=flavor, max_duration_s=max_s,
+                                  sim_duration_s=sim_s, labels={"team": "e2e"})
+        msg = events_pb2.JobAdmitted(job=common_pb2.Job(job_id=job_id, tenant=tenant,
+                                                        spec=spec), reserved="1")
+        await bus.publish(self.js, bus.subject_job_admitted(tenant), msg,
+                          msg_id or f"admitted-{job_id}")
+        return job_id
+
+    async def runway(self, tenant: str, remaining_bp: int, runway_s: float = 1e6) -> None:
+        msg = events_pb2.RunwayChanged(runway=common_pb2.Runway(
+            tenant=tenant, remaining_bp=remaining_bp, runway_s=runway_s, unlimited=False))
+        await bus.publish(self.js, bus.subject_runway(tenant), msg,
+                          f"runway-{tenant}-{uuid.uuid4().hex}")
+
+    def jobs(self, tenant: str, job_id: str) -> list[dict[str, Any]]:
+        _, batch, _ = _apis(self.api)
+        resp = batch.list_namespaced_job(f"kestrel-{tenant}",
+                                         label_selector=f"kestrel.dev/job-id={job_id}",
+                                         _preload_content=False)
+        items: list[dict[str, Any]] = json.loads(resp.data)["items"]
+        return items
+
+    def workload(self, tenant: str, job_id: str) -> dict[str, Any] | None:
+        _, _, custom = _apis(self.api)
+        listing = custom.list_namespaced_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+                                                       f"kestrel-{tenant}", "workloads")
+        for wl in listing["items"]:
+            for ref in wl["metadata"].get("ownerReferences") or []:
+                if ref.get("kind") == "Job" and ref.get("name") == job_id:
+                    return dict(wl)
+        return None
+
+    def cleanup(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+        for tenant in self.tenants:
+            kc.delete_tenant_queue(self.api, f"kestrel-{tenant}")
+
+
+@pytest.fixture
+async def placer_db(database: str) -> str:
+    """The meter's and the gateway's schema (prices, tenant_profiles) with two prices."""
+    pool = await asyncpg.create_pool(database, min_size=1, max_size=2)
+    try:
+        await MeterStore(pool).migrate()
+        await GatewayStore(pool).migrate()
+        await pool.execute("INSERT INTO prices (flavor, price_per_gpu_s, effective_us) VALUES "
+                           "('gpu-h100', 0.01, 1), ('gpu-a10', 0.001, 1)")
+    finally:
+        await pool.close()
+    return database
+
+
+@pytest.fixture
+async def js(clean_bus: str) -> AsyncIterator[JetStreamContext]:
+    nc: NATS = await bus.connect(clean_bus, "e2e-placer")
+    yield nc.jetstream()
+    await nc.close()
+
+
+@pytest.fixture
+async def harness(clean_bus: str, placer_db: str, js: JetStreamContext, k8s: Any,
+                  tmp_path: Path) -> AsyncIterator[Harness]:
+    h = Harness({"KESTREL_NATS_URL": clean_bus}, placer_db, js, k8s, tmp_path)
+    await h.events.start(js)
+    try:
+        yield h
+    finally:
+        await asyncio.to_thread(h.cleanup)
+
+
+def _cq(api: Any, tenant: str) -> dict[str, Any]:
+    _, _, custom = _apis(api)
+    obj: dict[str, Any] = custom.get_cluster_custom_object(
+        kc.KUEUE_GROUP, kc.KUEUE_API_VERSION, "clusterqueues", f"kestrel-{tenant}")
+    return obj
+
+
+async def test_admitted_job_becomes_one_job_and_reports_its_lifecycle(harness: Harness) -> None:
+    tenant = await harness.tenant({"gpu-h100": 4, "gpu-a10": 4})
+    harness.start()
+    job_id = await harness.admit(tenant, gpus=2, max_s=30, sim_s=2)
+    # The same message again (another Nats-Msg-Id, so JetStream keeps it): still one Job.
+    await harness.admit(tenant, gpus=2, max_s=30, sim_s=2, job_id=job_id, msg_id="again")
+
+    jobs = await wait_for("the Job", lambda: harness.jobs(tenant, job_id))
+    job = jobs[0]
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert job["metadata"]["namespace"] == f"kestrel-{tenant}"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+    assert job["metadata"]["labels"]["kestrel.dev/tenant"] == tenant
+    assert spec["activeDeadlineSeconds"] == 30
+    assert spec["backoffLimit"] == 0
+    assert pod["nodeSelector"] == {"kestrel.dev/flavor": "gpu-h100"}
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert spec["template"]["metadata"]["annotations"][kc.KWOK_DURATION_ANNOTATION] == "2s"
+    annotations = job["metadata"]["annotations"]
+    assert annotations["kestrel.dev/flavor"] == "gpu-h100"
+    assert "dearest flavor that fits" in annotations["kestrel.dev/flavor-reason"]
+
+    finished = await wait_for("FINISHED", lambda: harness.events.one(job_id, FINISHED))
+    wl = harness.workload(tenant, job_id)
+    assert wl is not None
+    reserved, done = condition(wl, "QuotaReserved"), condition(wl, "Finished")
+    assert reserved is not None and done is not None
+    admitted = harness.events.one(job_id, ADMITTED)
+    started = harness.events.one(job_id, STARTED)
+    queued = harness.events.one(job_id, QUEUED)
+    assert admitted is not None and started is not None and queued is not None
+    assert queued.flavor == "gpu-h100" and queued.reason == annotations["kestrel.dev/flavor-reason"]
+    assert admitted.time_us == time_us(reserved["lastTransitionTime"])
+    assert finished.time_us == time_us(done["lastTransitionTime"])
+    assert admitted.time_us <= started.time_us <= finished.time_us
+    assert (admitted.gpus, admitted.flavor) == (2, "gpu-h100")
+    assert admitted.k8s_namespace == f"kestrel-{tenant}" and admitted.k8s_name == \
+        wl["metadata"]["name"]
+    assert harness.events.of(job_id, FAILED) == [] and harness.events.of(job_id, EVICTED) == []
+    # One event per kind, with the stable id `<job_id>:<kind>` as its Nats-Msg-Id.
+    ids = [(mid, e.event_id) for mid, e in harness.events.items if e.workload_id == job_id]
+    assert sorted(i for _, i in ids) == sorted(
+        f"{job_id}:{k}" for k in ("queued", "admitted", "started", "finished"))
+    assert all(mid == eid for mid, eid in ids)
+    assert len(harness.jobs(tenant, job_id)) == 1
+    # Both deliveries were acknowledged.
+    info = await harness.js.consumer_info("KESTREL_JOBS", "placer")
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+    # The tenant's queues, created lazily before its first Job.
+    cq = _cq(harness.api, tenant)
+    assert cq["spec"]["cohortName"] == "kestrel-gpu"
+    assert "admissionChecksStrategy" not in cq["spec"]
+
+
+async def test_short_runway_places_on_the_cheapest_flavor(harness: Harness) -> None:
+    tenant = await harness.tenant({"gpu-h100": 4, "gpu-a10": 4})
+    await harness.runway(tenant, remaining_bp=1000)
+    harness.start()  # a starting placer reads every tenant's last runway first
+    job_id = await harness.admit(tenant, gpus=1, max_s=30, sim_s=1, flavor="gpu-h100")
+
+    admitted = await wait_for("ADMITTED", lambda: harness.events.one(job_id, ADMITTED))
+    assert admitted.flavor == "gpu-a10"
+    job = harness.jobs(tenant, job_id)[0]
+    assert job["spec"]["template"]["spec"]["nodeSelector"] == {"kestrel.dev/flavor": "gpu-a10"}
+    reason = job["metadata"]["annotations"]["kestrel.dev/flavor-reason"]
+    assert reason == "runway short (10% left): cheapest flavor that fits"
+    queued = harness.events.one(job_id, QUEUED)
+    assert queued is not None and (queued.flavor, queued.reason) == ("gpu-a10", reason)
+    await wait_for("FINISHED", lambda: harness.events.one(job_id, FINISHED))
+
+
+async def test_kill9_mid_job_then_restart_misses_no_finish_and_duplicates_nothing(
+        harness: Harness) -> None:
+    tenant = await harness.tenant({"gpu-h100": 4})
+    proc = harness.start()
+    job_id = await harness.admit(tenant, gpus=1, max_s=60, sim_s=6)
+    await wait_for("ADMITTED", lambda: harness.events.one(job_id, ADMITTED))
+    proc.kill9()
+    # The job finishes in Kubernetes while no placer runs.
+    await wait_for("Workload Finished", lambda: (
+        (wl := harness.workload(tenant, job_id)) is not None
+        and kc.condition_true(wl, "Finished")))
+    assert harness.events.one(job_id, FINISHED) is None
+    harness.start()
+    finished = await wait_for("FINISHED", lambda: harness.events.one(job_id, FINISHED))
+    wl = harness.workload(tenant, job_id)
+    assert wl is not None
+    done = condition(wl, "Finished")
+    assert done is not None and finished.time_us == time_us(done["lastTransitionTime"])
+    assert len(harness.jobs(tenant, job_id)) == 1
+    for kind in (QUEUED, ADMITTED, FINISHED):
+        assert len({e.event_id for e in harness.events.of(job_id, kind)}) == 1
+    assert {e.workload_id for e in harness.events.of(job_id)} == {job_id}
+
+
+async def test_cancel_deletes_the_job_and_ends_the_allocation_at_that_instant(
+        harness: Harness) -> None:
+    tenant = await harness.tenant({"gpu-h100": 4})
+    harness.start()
+    job_id = await harness.admit(tenant, gpus=2, max_s=300, sim_s=120)
+    await wait_for("ADMITTED", lambda: harness.events.one(job_id, ADMITTED))
+
+    before = now_us()
+    async with grpc.aio.insecure_channel(harness.address) as channel:
+        resp = await placer_pb2_grpc.PlacerStub(channel).CancelWorkload(
+            placer_pb2.CancelWorkloadRequest(tenant=tenant, workload_id=job_id), timeout=30)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await placer_pb2_grpc.PlacerStub(channel).ScaleEndpoint(
+                placer_pb2.ScaleEndpointRequest(tenant=tenant, endpoint_id="e"), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    after = now_us()
+    assert resp.deleted
+    assert before <= resp.cancelled_us <= after
+
+    await wait_for("the Job deleted", lambda: not harness.jobs(tenant, job_id))
+    failed = await wait_for("FAILED", lambda: harness.events.one(job_id, FAILED))
+    assert failed.time_us == resp.cancelled_us
+    assert failed.reason == "cancelled" and failed.gpus == 2
+    await wait_for("the Workload deleted", lambda: harness.workload(tenant, job_id) is None)
+    # Nothing else closes it: the deletion derives the same event id, dropped.
+    assert harness.events.of(job_id, FINISHED) == []
+    assert len({e.event_id for e in harness.events.of(job_id, FAILED)}) == 1
+
+
+async def test_ensure_tenant_creates_then_patches_queues_with_the_runway_check(
+        harness: Harness) -> None:
+    check = f"kestrel-runway-e2e-{uuid.uuid4().hex[:6]}"
+    harness.start(KESTREL_RUNWAY_CHECK=check)
+    tenant = f"pl{uuid.uuid4().hex[:8]}"
+    harness.tenants.append(tenant)
+    _, _, custom = _apis(harness.api)
+    try:
+        async with grpc.aio.insecure_channel(harness.address) as channel:
+            stub = placer_pb2_grpc.PlacerStub(channel)
+            for h100 in (2, 6):
+                resp = await stub.EnsureTenant(placer_pb2.EnsureTenantRequest(
+                    tenant=tenant, quota=[placer_pb2.FlavorQuota(flavor="gpu-h100", gpus=h100)]),
+                    timeout=30)
+                assert (resp.namespace, resp.local_queue, resp.cluster_queue) == (
+                    f"kestrel-{tenant}", "gpu", f"kestrel-{tenant}")
+                cq = _cq(harness.api, tenant)
+                quota = {f["name"]: {r["name"]: r["nominalQuota"] for r in f["resources"]}
+                         for f in cq["spec"]["resourceGroups"][0]["flavors"]}
+                assert quota["gpu-h100"]["nvidia.com/gpu"] in (h100, str(h100))
+                assert quota["gpu-a10"]["nvidia.com/gpu"] in (0, "0")
+                assert cq["spec"]["admissionChecksStrategy"] == {
+                    "admissionChecks": [{"name": check}]}
+        ac = custom.get_cluster_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+                                              "admissionchecks", check)
+        assert ac["spec"]["controllerName"] == "kestrel.dev/runway"
+        core, _, _ = _apis(harness.api)
+        ns = core.read_namespace(f"kestrel-{tenant}")
+        assert ns.metadata.labels["kestrel.dev/tenant"] == tenant
+    finally:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            custom.delete_cluster_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+                                                "admissionchecks", check)
+        except ApiException:
+            pass
