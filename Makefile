@@ -4,10 +4,11 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 BUF := tools/buf/node_modules/.bin/buf
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
+include cluster/versions.env
 
 .PHONY: help setup proto proto-check buf-lint buf-breaking lint test test-unit \
-        test-integration test-e2e demo bench-meter devstack-up devstack-down \
-        devstack-status clean
+        test-integration test-e2e demo bench-meter bench-gateway up down status grpcurl \
+        devstack-up devstack-down devstack-status clean
 
 help: ## This list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -54,6 +55,22 @@ demo: setup ## Bring up the stack and run the main scenario, ending with a summa
 
 bench-meter: setup ## Ledger ingestion and runway latency vs the bare pipeline of this machine
 	$(PY) bench/meter.py $(BENCH_ARGS)
+
+bench-gateway: setup ## Submit rate and latency vs the gRPC ceiling of this machine
+	$(PY) bench/gateway.py $(BENCH_ARGS)
+
+up: setup grpcurl ## Run the plane for people: devstack + meter, gateway, admission (+ placer)
+	$(PY) -m kestrel.plane up
+
+down: ## Stop what `make up` started
+	$(PY) -m kestrel.plane down
+
+status: ## Is the plane serving?
+	$(PY) -m kestrel.plane status
+
+grpcurl: setup ## Build the pinned grpcurl (cached) into .venv/bin
+	@cluster/build.sh grpcurl >/dev/null && \
+	  ln -sf $(HOME)/.cache/kestrel/bin/grpcurl-$(GRPCURL_VERSION) .venv/bin/grpcurl
 
 devstack-up: setup ## Start Postgres, NATS, Redis on loopback (.run/devstack)
 	$(PY) -m kestrel.devstack up

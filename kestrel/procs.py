@@ -50,6 +50,8 @@ class ServiceProcess:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     extra_args: list[str] = field(default_factory=list)
+    # Detached: its own session, so it outlives the command that started it.
+    detach: bool = False
 
     def start(self, timeout_s: float = 60.0) -> ServiceProcess:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
@@ -57,7 +59,8 @@ class ServiceProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
             [sys.executable, "-m", f"services.{self.name}", *self.extra_args], cwd=REPO,
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=self.detach)
         log.close()
         wait_serving(self.grpc_address, timeout_s, proc=self.proc, log=self.log_path)
         return self

@@ -1,0 +1,139 @@
+"""The whole control plane on this machine, for people (tests start their own).
+
+    python -m kestrel.plane up|down|status|env
+
+`up` starts the devstack (Postgres, NATS JetStream, Redis) and the services —
+meter, gateway, admission, and the placer when the Kubernetes data plane is
+up — as detached processes on their default loopback ports, with logs and an
+operator token under .run/plane. `env` prints the exports the CLI, the SDK
+and grpcurl need. Idempotent: `up` starts only what is not running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+from kestrel.devstack import Stack, StackError, open_stack
+from kestrel.procs import REPO, ServiceProcess, wait_serving
+
+ROOT = REPO / ".run" / "plane"
+PORTS = {"meter": 50053, "admission": 50052, "gateway": 50051, "placer": 50054}
+TOKEN_FILE = ROOT / "operator-token"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _state() -> dict[str, int]:
+    path = ROOT / "pids.json"
+    return {k: int(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
+
+
+def _save(pids: dict[str, int]) -> None:
+    (ROOT / "pids.json").write_text(json.dumps(pids))
+
+
+def service_env(stack: Stack) -> dict[str, str]:
+    return {**stack.env(), "KESTREL_OPERATOR_TOKEN_FILE": str(TOKEN_FILE),
+            **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in PORTS.items()},
+            **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in PORTS.items()}}
+
+
+def up(with_placer: bool | None = None) -> None:
+    ROOT.mkdir(parents=True, exist_ok=True)
+    stack = open_stack(ROOT / "devstack")
+    stack.up()
+    pids = _state()
+    names = ["meter", "gateway", "admission"]
+    if with_placer is None:
+        from kestrel import cluster
+
+        with_placer = cluster.is_up()
+    if with_placer:
+        names.append("placer")
+    for name in names:
+        if name in pids and _alive(pids[name]):
+            continue
+        proc = ServiceProcess(name, service_env(stack), f"127.0.0.1:{PORTS[name]}",
+                              ROOT / f"{name}.log", detach=True).start()
+        pids[name] = proc.pid
+        _save(pids)
+        print(f"{name:<10} pid {proc.pid:<7} 127.0.0.1:{PORTS[name]}  log {ROOT / name}.log")
+    if TOKEN_FILE.exists():
+        print(f"operator token in {TOKEN_FILE}; eval $(python -m kestrel.plane env)")
+
+
+def down() -> None:
+    """SIGTERM every service (they drain), SIGKILL what is still there after 10 s."""
+    pids = [pid for pid in _state().values() if _alive(pid)]
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    _save({})
+    open_stack(ROOT / "devstack").down()
+    print("plane down")
+
+
+def status() -> int:
+    pids = _state()
+    ok = True
+    for name, port in PORTS.items():
+        pid = pids.get(name)
+        running = bool(pid and _alive(pid))
+        if running:
+            try:
+                wait_serving(f"127.0.0.1:{port}", timeout_s=2)
+            except (TimeoutError, RuntimeError):
+                running = False
+        ok &= running or name == "placer"
+        print(f"{name:<10} {'serving' if running else 'stopped':<8} 127.0.0.1:{port}")
+    return 0 if ok else 3
+
+
+def env() -> None:
+    stack = open_stack(ROOT / "devstack")
+    for k, v in {**stack.env(), "KESTREL_GATEWAY_ADDR": f"127.0.0.1:{PORTS['gateway']}",
+                 "KESTREL_METER_ADDR": f"127.0.0.1:{PORTS['meter']}"}.items():
+        print(f"export {k}={v}")
+    if TOKEN_FILE.exists():
+        print(f"export KESTREL_OPERATOR_TOKEN={TOKEN_FILE.read_text().strip()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kestrel.plane", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["up", "down", "status", "env"])
+    args = ap.parse_args(argv)
+    try:
+        if args.command == "up":
+            up()
+            return status()
+        if args.command == "down":
+            down()
+        elif args.command == "env":
+            env()
+        else:
+            return status()
+    except (StackError, RuntimeError, TimeoutError) as exc:
+        print(f"plane: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
