@@ -33,6 +33,7 @@ TENANT_LABEL = "kestrel.dev/tenant"
 FLAVOR_ANNOTATION = "kestrel.dev/flavor"
 FLAVOR_REASON_ANNOTATION = "kestrel.dev/flavor-reason"
 NAMESPACE_PREFIX = "kestrel-"
+FLAVOR_NODE_LABEL = "kestrel.dev/flavor"  # on the GPU nodes (cluster/manifests/nodes.yaml)
 GPU = "nvidia.com/gpu"
 
 Obj = Mapping[str, Any]
@@ -176,6 +177,15 @@ def assignment(workload: Obj) -> tuple[str, int]:
     return flavor, gpus
 
 
+def pinned_flavor(workload: Obj) -> str:
+    """The flavor the placer pinned the pods to (before or after Kueue's assignment)."""
+    for ps in (workload.get("spec") or {}).get("podSets") or []:
+        selector = ((ps.get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
+        if selector.get(FLAVOR_NODE_LABEL):
+            return str(selector[FLAVOR_NODE_LABEL])
+    return ""
+
+
 def evictions(workload: Obj) -> int:
     stats = ((workload.get("status") or {}).get("schedulingStats") or {}).get("evictions") or []
     return sum(int(e.get("count") or 0) for e in stats)
@@ -228,9 +238,7 @@ def derive(obs: Observed) -> list[Derived]:
     wmeta = wl.get("metadata") or {}
     ns, name = wmeta.get("namespace", ""), wmeta.get("name", "")
     flavor, gpus = assignment(wl)
-    if not flavor and job is not None:
-        flavor = ((job.get("metadata") or {}).get("annotations") or {}).get(
-            FLAVOR_ANNOTATION, "")
+    flavor = flavor or pinned_flavor(wl)
     gpus = gpus or job_gpus(job)
 
     def event(kind: EventType, wid: str, at: int, reason: str) -> Derived:

@@ -8,6 +8,7 @@ from typing import Any
 
 from services.placer.lifecycle import (
     FLAVOR_ANNOTATION,
+    FLAVOR_NODE_LABEL,
     FLAVOR_REASON_ANNOTATION,
     GPU,
     JOB_ID_LABEL,
@@ -18,7 +19,6 @@ from services.placer.lifecycle import (
 KUEUE = "kueue.x-k8s.io/v1beta2"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 KWOK_DURATION_ANNOTATION = "pod-complete.stage.kwok.x-k8s.io/delay"
-FLAVOR_NODE_LABEL = "kestrel.dev/flavor"  # cluster/manifests/nodes.yaml
 LOCAL_QUEUE = "gpu"
 COHORT = "kestrel-gpu"
 RUNWAY_CONTROLLER = "kestrel.dev/runway"

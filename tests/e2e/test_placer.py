@@ -9,6 +9,7 @@ hanging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -62,7 +63,7 @@ def _apis(api: Any) -> tuple[Any, Any, Any]:
     return client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
 
 
-async def wait_for(what: str, fn: Callable[[], Awaitable[T] | T],
+async def wait_for(what: str, fn: Callable[[], Awaitable[T | None] | T | None],
                    timeout_s: float = WAIT_S) -> T:
     """Poll `fn` (sync or async) until it returns something truthy; return it."""
     deadline = time.monotonic() + timeout_s
@@ -380,8 +381,6 @@ async def test_ensure_tenant_creates_then_patches_queues_with_the_runway_check(
     finally:
         from kubernetes.client.exceptions import ApiException
 
-        try:
+        with contextlib.suppress(ApiException):
             custom.delete_cluster_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
                                                 "admissionchecks", check)
-        except ApiException:
-            pass

@@ -1,0 +1,320 @@
+"""The placer's pure decisions: flavor choice by runway, and the WorkloadEvents that
+Kubernetes objects imply (over dicts shaped like what the apiserver serves)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from services.placer import manifests
+from services.placer.core import key_of
+from services.placer.domain import FlavorAsk, RunwayView, choose_flavor, short_because
+from services.placer.lifecycle import (
+    EventType,
+    Observed,
+    allocation_id,
+    derive,
+    identity,
+    open_allocation,
+    time_us,
+)
+
+PRICES = {"gpu-h100": Decimal("0.001"), "gpu-a10": Decimal("0.0003")}
+BOTH = {"gpu-h100": 8, "gpu-a10": 8}
+
+
+def runway(bp: int = 9000, runway_s: float = 1e6, unlimited: bool = False) -> RunwayView:
+    return RunwayView(bp, runway_s, unlimited)
+
+
+@dataclass(frozen=True)
+class FlavorCase:
+    id: str
+    ask: FlavorAsk
+    quota: dict[str, int]
+    runway: RunwayView | None
+    want_flavor: str
+    want_reason: str
+    prices: dict[str, Decimal] = field(default_factory=lambda: PRICES)
+
+
+FLAVOR_CASES = [
+    FlavorCase("healthy runway and a preference that fits: the preference",
+               FlavorAsk(2, "gpu-a10", 100), BOTH, runway(),
+               "gpu-a10", "runway healthy (90% left): preferred flavor fits its quota"),
+    FlavorCase("healthy runway, no preference: the dearest flavor that fits",
+               FlavorAsk(2, "", 100), BOTH, runway(),
+               "gpu-h100", "runway healthy (90% left): no preference; dearest flavor that fits"),
+    FlavorCase("healthy runway, preference without enough quota: the dearest that fits",
+               FlavorAsk(4, "gpu-h100", 100), {"gpu-h100": 2, "gpu-a10": 8}, runway(),
+               "gpu-a10", "runway healthy (90% left): preferred gpu-h100 has quota 2 < 4 GPUs; "
+                          "dearest flavor that fits"),
+    FlavorCase("under 25% of the credits left: the cheapest flavor, preference overridden",
+               FlavorAsk(1, "gpu-h100", 100), BOTH, runway(bp=1800),
+               "gpu-a10", "runway short (18% left): cheapest flavor that fits"),
+    FlavorCase("exactly 25% left is not short",
+               FlavorAsk(1, "gpu-h100", 100), BOTH, runway(bp=2500),
+               "gpu-h100", "runway healthy (25% left): preferred flavor fits its quota"),
+    FlavorCase("runway under twice the job's max duration is short even with credits left",
+               FlavorAsk(1, "", 100), BOTH, runway(bp=9000, runway_s=150),
+               "gpu-a10", "runway short (150 s of runway < 2 x max duration 100 s): "
+                          "cheapest flavor that fits"),
+    FlavorCase("an unlimited runway (nothing burns) is never short by time",
+               FlavorAsk(1, "", 100), BOTH, runway(bp=9000, runway_s=0, unlimited=True),
+               "gpu-h100", "runway healthy (90% left): no preference; dearest flavor that fits"),
+    FlavorCase("short runway but the cheap flavor lacks quota: the cheapest that fits",
+               FlavorAsk(4, "", 100), {"gpu-h100": 8, "gpu-a10": 2}, runway(bp=100),
+               "gpu-h100", "runway short (1% left): cheapest flavor that fits"),
+    FlavorCase("no runway figure yet: treated as healthy",
+               FlavorAsk(1, "", 100), BOTH, None,
+               "gpu-h100", "no runway figure yet: no preference; dearest flavor that fits"),
+    FlavorCase("a flavor without a price is never the cheapest",
+               FlavorAsk(1, "", 100), {"gpu-h100": 8, "gpu-a10": 8, "gpu-x": 8}, runway(bp=0),
+               "gpu-a10", "runway short (0% left): cheapest flavor that fits"),
+    FlavorCase("nothing fits: the preference as asked, to borrow from the cohort",
+               FlavorAsk(16, "gpu-a10", 100), BOTH, runway(),
+               "gpu-a10", "no flavor's quota fits 16 GPUs: gpu-a10 placed as asked, "
+                          "it may borrow from the cohort"),
+    FlavorCase("nothing fits and no preference: the dearest known flavor",
+               FlavorAsk(16, "", 100), BOTH, runway(),
+               "gpu-h100", "no flavor's quota fits 16 GPUs: gpu-h100 placed as asked, "
+                           "it may borrow from the cohort"),
+]
+
+
+@pytest.mark.parametrize("case", FLAVOR_CASES, ids=[c.id for c in FLAVOR_CASES])
+def test_choose_flavor(case: FlavorCase) -> None:
+    got = choose_flavor(case.ask, case.quota, case.prices, case.runway, short_bp=2500)
+    assert (got.flavor, got.reason) == (case.want_flavor, case.want_reason)
+
+
+def test_short_because_uses_the_threshold_given() -> None:
+    assert short_because(runway(bp=4000), 10, short_bp=5000) == "40% left"
+    assert short_because(runway(bp=4000), 10, short_bp=2500) is None
+
+
+# --- events from Kubernetes objects ----------------------------------------------
+
+NS, JOB, TENANT = "kestrel-acme", "job-0123456789abcdef", "acme"
+T0 = "2026-11-29T14:28:35Z"
+
+
+def ts(second: int) -> str:
+    return f"2026-11-29T14:28:{second:02d}Z"
+
+
+def us(second: int) -> int:
+    return time_us(ts(second))
+
+
+def cond(ctype: str, status: str, at: int, reason: str = "", message: str = "") -> dict[str, Any]:
+    return {"type": ctype, "status": status, "lastTransitionTime": ts(at), "reason": reason,
+            "message": message}
+
+
+def job_obj(gpus: int = 2, failed_at: int | None = None) -> dict[str, Any]:
+    body = manifests.job(manifests.JobPlan(JOB, TENANT, "n", gpus, 60, 3, "gpu-h100",
+                                           "healthy: dearest", {}))
+    body["metadata"]["creationTimestamp"] = ts(30)
+    if failed_at is not None:
+        body["status"] = {"conditions": [cond("Failed", "True", failed_at, "DeadlineExceeded",
+                                              "Job was active longer than specified deadline")]}
+    return body
+
+
+def workload(*conds: dict[str, Any], flavor: str = "gpu-a10", gpus: int = 2,
+             evictions: int = 0, deleted_at: int | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"conditions": list(conds)}
+    if any(c["type"] == "QuotaReserved" and c["status"] == "True" for c in conds):
+        status["admission"] = {"clusterQueue": NS, "podSetAssignments": [{
+            "name": "main", "count": 1,
+            "flavors": {"cpu": flavor, "memory": flavor, "nvidia.com/gpu": flavor},
+            "resourceUsage": {"cpu": "100m", "memory": "128Mi", "nvidia.com/gpu": str(gpus)}}]}
+    if evictions:
+        status["schedulingStats"] = {"evictions": [{"reason": "Deactivated",
+                                                    "underlyingCause": "", "count": evictions}]}
+    meta: dict[str, Any] = {
+        "name": f"job-{JOB}-1a2b3", "namespace": NS,
+        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": JOB,
+                             "uid": "u", "controller": True}]}
+    if deleted_at is not None:
+        meta["deletionTimestamp"] = ts(deleted_at)
+    template = job_obj(gpus)["spec"]["template"]
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": meta,
+            "spec": {"active": True, "podSets": [{"name": "main", "count": 1,
+                                                  "template": template}]},
+            "status": status}
+
+
+def pod(created: int, started: int, running: bool = True) -> dict[str, Any]:
+    state = ({"running": {"startedAt": ts(started)}} if running else
+             {"terminated": {"startedAt": ts(started), "finishedAt": ts(started + 3),
+                             "exitCode": 0}})
+    return {"metadata": {"name": f"{JOB}-p{created}", "namespace": NS,
+                         "creationTimestamp": ts(created),
+                         "labels": {"kestrel.dev/job-id": JOB, "kestrel.dev/tenant": TENANT}},
+            "status": {"phase": "Running" if running else "Succeeded",
+                       "containerStatuses": [{"name": "work", "state": state}]}}
+
+
+RESERVED = cond("QuotaReserved", "True", 35, "QuotaReserved", "Quota reserved in ClusterQueue")
+
+
+@dataclass(frozen=True)
+class EventsCase:
+    id: str
+    observed: Observed
+    want: list[tuple[EventType, str, int, str]]  # type, workload id, time (s), reason prefix
+    want_flavor: str = "gpu-a10"
+
+
+E = EventType
+EVENT_CASES = [
+    EventsCase("a created Job alone is QUEUED at its creation, with the placer's flavor",
+               Observed(job=job_obj()), [(E.QUEUED, JOB, 30, "healthy: dearest")],
+               want_flavor="gpu-h100"),
+    EventsCase("a Workload still waiting for quota implies nothing more",
+               Observed(job_obj(), workload(cond("QuotaReserved", "False", 31, "Pending"))),
+               [(E.QUEUED, JOB, 30, "")], want_flavor="gpu-h100"),
+    EventsCase("quota reserved: ADMITTED at that transition, on the flavor Kueue assigned",
+               Observed(job_obj(), workload(RESERVED)),
+               [(E.QUEUED, JOB, 30, ""), (E.ADMITTED, JOB, 35, "QuotaReserved")]),
+    EventsCase("a running pod of this allocation: STARTED at its container start",
+               Observed(job_obj(), workload(RESERVED), (pod(35, 36),)),
+               [(E.QUEUED, JOB, 30, ""), (E.ADMITTED, JOB, 35, ""), (E.STARTED, JOB, 36, "")]),
+    EventsCase("pods gone but PodsReady=True: STARTED at that condition",
+               Observed(None, workload(RESERVED, cond("PodsReady", "True", 37, "Started"))),
+               [(E.ADMITTED, JOB, 35, ""), (E.STARTED, JOB, 37, "")]),
+    EventsCase("Finished with Succeeded: FINISHED at that transition",
+               Observed(job_obj(), workload(RESERVED, cond("Finished", "True", 39, "Succeeded",
+                                                            "Reached expected number")),
+                        (pod(35, 35, running=False),)),
+               [(E.QUEUED, JOB, 30, ""), (E.ADMITTED, JOB, 35, ""), (E.STARTED, JOB, 35, ""),
+                (E.FINISHED, JOB, 39, "Succeeded: Reached expected number")]),
+    EventsCase("Finished with Failed (deadline exceeded): FAILED at that transition",
+               Observed(None, workload(RESERVED, cond("Finished", "True", 39, "Failed",
+                                                      "Job was active longer"))),
+               [(E.ADMITTED, JOB, 35, ""), (E.FAILED, JOB, 39, "Failed: Job was active")]),
+    EventsCase("deactivated: EVICTED at the Evicted transition while quota is still held",
+               Observed(None, workload(RESERVED, cond("Evicted", "True", 41, "Deactivated",
+                                                      "The workload is deactivated"),
+                                       evictions=1)),
+               [(E.ADMITTED, JOB, 35, ""), (E.EVICTED, JOB, 41, "Deactivated")]),
+    EventsCase("evicted and quota released: EVICTED of the first allocation only",
+               Observed(None, workload(cond("QuotaReserved", "False", 41, "Pending"),
+                                       cond("Evicted", "True", 41, "Deactivated"),
+                                       evictions=1)),
+               # Kueue's assignment is gone: the flavor the pods were pinned to.
+               [(E.EVICTED, JOB, 41, "Deactivated")], want_flavor="gpu-h100"),
+    EventsCase("quota again after an eviction is a new allocation <job>.r2",
+               Observed(None, workload(cond("QuotaReserved", "True", 45, "QuotaReserved"),
+                                       cond("Evicted", "False", 45, "QuotaReserved"),
+                                       evictions=1), (pod(35, 36), pod(45, 46))),
+               [(E.ADMITTED, f"{JOB}.r2", 45, ""), (E.STARTED, f"{JOB}.r2", 46, "")]),
+    EventsCase("the Workload deleted while holding quota: FAILED at its deletionTimestamp",
+               Observed(None, workload(RESERVED, deleted_at=50), workload_deleted=True),
+               [(E.ADMITTED, JOB, 35, ""), (E.FAILED, JOB, 50, "deleted from Kubernetes")]),
+    EventsCase("deleted after the Job failed: FAILED at the Job's Failed condition",
+               Observed(job_obj(failed_at=48), workload(RESERVED, deleted_at=50),
+                        workload_deleted=True),
+               [(E.QUEUED, JOB, 30, ""), (E.ADMITTED, JOB, 35, ""),
+                (E.FAILED, JOB, 48, "DeadlineExceeded")]),
+    EventsCase("deleted after it finished: nothing more than the finish",
+               Observed(None, workload(RESERVED, cond("Finished", "True", 39, "Succeeded"),
+                                       deleted_at=50), workload_deleted=True),
+               [(E.ADMITTED, JOB, 35, ""), (E.FINISHED, JOB, 39, "Succeeded")]),
+    EventsCase("deleted without ever holding quota: nothing to meter",
+               Observed(None, workload(cond("QuotaReserved", "False", 31, "Pending"),
+                                       deleted_at=50), workload_deleted=True), []),
+]
+
+
+@pytest.mark.parametrize("case", EVENT_CASES, ids=[c.id for c in EVENT_CASES])
+def test_events_implied_by_kubernetes_objects(case: EventsCase) -> None:
+    got = derive(case.observed)
+    assert [(e.type, e.workload_id, e.time_us) for e in got] == [
+        (t, wid, us(s)) for t, wid, s, _ in case.want]
+    for e, (_, _, _, reason) in zip(got, case.want, strict=True):
+        assert e.reason.startswith(reason), e.reason
+        assert (e.tenant, e.job_id, e.k8s_namespace) == (TENANT, JOB, NS)
+        assert e.event_id == f"{e.workload_id}:{e.type.name.lower()}"
+        assert e.gpus == 2
+        if e.type is not EventType.QUEUED:
+            assert e.flavor == case.want_flavor
+            assert e.k8s_name == f"job-{JOB}-1a2b3"
+
+
+def test_derivation_is_stable_so_a_restart_publishes_the_same_ids() -> None:
+    obs = Observed(job_obj(), workload(RESERVED, cond("Finished", "True", 39, "Succeeded")),
+                   (pod(35, 35, running=False),))
+    assert derive(obs) == derive(obs)
+
+
+def test_time_us_reads_rfc3339_with_and_without_fractions() -> None:
+    assert time_us("1970-01-01T00:00:01Z") == 1_000_000
+    assert time_us("1970-01-01T00:00:01.000002Z") == 1_000_002
+    assert time_us("2026-11-29T14:28:35+00:00") == time_us(T0)
+
+
+def test_open_allocation_is_the_admitted_one_without_a_close() -> None:
+    open_ = derive(Observed(None, workload(RESERVED)))
+    assert open_allocation(open_) is not None
+    closed = derive(Observed(None, workload(RESERVED, cond("Finished", "True", 39, "Succeeded"))))
+    assert open_allocation(closed) is None
+    assert allocation_id(JOB, 1) == JOB and allocation_id(JOB, 3) == f"{JOB}.r3"
+
+
+def test_identity_and_keys_ignore_objects_outside_kestrel_namespaces() -> None:
+    assert identity(job_obj()) == (TENANT, JOB)
+    assert identity(None, workload(RESERVED)) == (TENANT, JOB)
+    foreign = workload(RESERVED)
+    foreign["metadata"]["namespace"] = "tenant-example"
+    foreign["spec"]["podSets"][0]["template"]["metadata"]["labels"] = {}
+    assert identity(None, foreign) is None
+    assert key_of("workload", foreign) is None
+    assert key_of("workload", workload(RESERVED)) == (NS, JOB)
+    assert key_of("pod", pod(35, 36)) == (NS, JOB)
+
+
+# --- manifests -------------------------------------------------------------------
+
+def test_job_manifest_is_suspended_bounded_and_pinned_to_its_flavor() -> None:
+    body = manifests.job(manifests.JobPlan(JOB, TENANT, "train", 4, 600, 0, "gpu-a10",
+                                           "why", {"team": "x", "kestrel.dev/job-id": "spoof"}))
+    spec, pod_spec = body["spec"], body["spec"]["template"]["spec"]
+    assert body["metadata"]["namespace"] == NS and body["metadata"]["name"] == JOB
+    assert body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+    assert body["metadata"]["labels"]["kestrel.dev/job-id"] == JOB
+    assert spec["suspend"] is True and spec["backoffLimit"] == 0
+    assert spec["activeDeadlineSeconds"] == 600
+    # Without a simulated duration the KWOK pod runs for the whole reservation.
+    assert spec["template"]["metadata"]["annotations"][
+        "pod-complete.stage.kwok.x-k8s.io/delay"] == "600s"
+    assert pod_spec["nodeSelector"] == {"kestrel.dev/flavor": "gpu-a10"}
+    assert {t["key"] for t in pod_spec["tolerations"]} == {"kwok.x-k8s.io/node",
+                                                           "nvidia.com/gpu"}
+    res = pod_spec["containers"][0]["resources"]
+    assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == "4"
+    assert body["metadata"]["annotations"] == {"kestrel.dev/flavor": "gpu-a10",
+                                               "kestrel.dev/flavor-reason": "why",
+                                               "kestrel.dev/name": "train"}
+
+
+def test_cluster_queue_lists_every_flavor_and_the_check_only_when_named() -> None:
+    cq = manifests.cluster_queue(TENANT, {"gpu-h100": 3}, ("gpu-h100", "gpu-a10"),
+                                 "kestrel-runway")
+    spec = cq["spec"]
+    assert cq["metadata"]["name"] == NS and spec["cohortName"] == "kestrel-gpu"
+    flavors = spec["resourceGroups"][0]["flavors"]
+    assert [f["name"] for f in flavors] == ["gpu-h100", "gpu-a10"]
+    gpus = [next(r["nominalQuota"] for r in f["resources"] if r["name"] == "nvidia.com/gpu")
+            for f in flavors]
+    assert gpus == ["3", "0"]
+    assert spec["admissionChecksStrategy"] == {"admissionChecks": [{"name": "kestrel-runway"}]}
+    assert spec["stopPolicy"] == "None"
+    no_check = manifests.cluster_queue(TENANT, {}, ("gpu-h100",), "", suspended=True)
+    assert no_check["spec"]["admissionChecksStrategy"] is None
+    assert no_check["spec"]["stopPolicy"] == "Hold"
