@@ -32,7 +32,8 @@ async def follow_runway(js: JetStreamContext, placer: Placer, stop: asyncio.Even
                         ready: asyncio.Event, catch_up_s: float = 5.0) -> None:
     """Keep placer.runways current; set `ready` once the stream's backlog is read."""
     try:
-        last = (await js.stream_info("KESTREL_RUNWAY")).state.last_seq
+        state = (await js.stream_info("KESTREL_RUNWAY")).state
+        last = state.last_seq if state.messages else 0
     except Exception:
         last = 0
     seen = asyncio.Event()

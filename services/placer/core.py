@@ -114,7 +114,10 @@ class Placer:
         self.views: dict[Key, View] = {}
         self.runways: dict[str, RunwayView] = {}
         self.prices: dict[str, Decimal] = {}
-        self.tenants: dict[str, TenantQuota] = {}
+        self.tenants: dict[str, TenantQuota] = {}  # as applied to Kubernetes
+        # As last read from tenant_profiles: a change there is applied by refresh();
+        # an explicit EnsureTenant quota stands until the profile changes.
+        self.profiles_seen: dict[str, TenantQuota] = {}
         self.tenant_locks: dict[str, asyncio.Lock] = {}
         self.cancelled: set[str] = set()
         self.queue: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue()
@@ -145,6 +148,7 @@ class Placer:
         Without `quota`, the tenant's profile in Postgres gives it."""
         async with self._lock(tenant):
             profile = (await self.store.profiles([tenant])).get(tenant, TenantQuota({}))
+            self.profiles_seen[tenant] = profile
             if quota is not None:
                 profile = TenantQuota(dict(quota), profile.suspended)
             await self._apply_tenant(tenant, profile)
@@ -175,9 +179,10 @@ class Placer:
         if not self.tenants:
             return
         for tenant, profile in (await self.store.profiles(sorted(self.tenants))).items():
-            if self.tenants.get(tenant) != profile:
+            if self.profiles_seen.get(tenant) != profile:
                 async with self._lock(tenant):
                     await self._apply_tenant(tenant, profile)
+                    self.profiles_seen[tenant] = profile
 
     # --- placement -----------------------------------------------------------
 
@@ -209,7 +214,10 @@ class Placer:
         log.info("job %s %s in %s on %s: %s", job.job_id,
                  "created" if created else "already existed", body["metadata"]["namespace"],
                  chosen.flavor, chosen.reason)
-        await self.observe_now(JOBS, "ADDED", stored)
+        key = key_of(JOBS, stored)
+        if key is not None:  # QUEUED now, before the ack; the watch brings the rest
+            await self._publish_new(self.views.setdefault(key, View()),
+                                    derive(Observed(job=stored)))
         ann = _meta(stored).get("annotations") or {}
         return Placement(ann.get(FLAVOR_ANNOTATION, chosen.flavor),
                          ann.get(FLAVOR_REASON_ANNOTATION, chosen.reason),
@@ -333,17 +341,21 @@ class Placer:
         view = self.views.get(key)
         if view is None:
             return
+        observed = Observed(view.job, view.workload, tuple(view.pods.values()),
+                            view.workload_deleted, view.gone_us)
+        await self._publish_new(view, derive(observed))
+        if view.empty and self.views.get(key) is view:
+            self.views.pop(key, None)  # gone from Kubernetes; every event is out
+
+    async def _publish_new(self, view: View, events: Sequence[Derived]) -> None:
+        """Publish, in order, the events this view has not published yet."""
         async with view.lock:
-            observed = Observed(view.job, view.workload, tuple(view.pods.values()),
-                                view.workload_deleted, view.gone_us)
-            for event in derive(observed):
+            for event in events:
                 if event.event_id in view.published:
                     continue
                 await self._publish_retrying(event)
                 view.published.add(event.event_id)
                 self.on_published(event)
-            if view.empty:
-                self.views.pop(key, None)  # gone from Kubernetes; every event is out
 
     async def _publish_retrying(self, event: Derived) -> None:
         delay = 0.2

@@ -384,3 +384,50 @@ async def test_ensure_tenant_creates_then_patches_queues_with_the_runway_check(
         with contextlib.suppress(ApiException):
             custom.delete_cluster_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
                                                 "admissionchecks", check)
+
+
+async def test_deactivated_workload_is_evicted_then_a_readmission_is_a_new_allocation(
+        harness: Harness) -> None:
+    tenant = await harness.tenant({"gpu-h100": 4})
+    harness.start()
+    job_id = await harness.admit(tenant, gpus=1, max_s=300, sim_s=120)
+    await wait_for("ADMITTED", lambda: harness.events.one(job_id, ADMITTED))
+    _, _, custom = _apis(harness.api)
+    wl = harness.workload(tenant, job_id)
+    assert wl is not None
+    name = wl["metadata"]["name"]
+
+    def set_active(active: bool) -> None:
+        # What admission's runway controller does to a tenant out of budget.
+        custom.patch_namespaced_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+                                              f"kestrel-{tenant}", "workloads", name,
+                                              {"spec": {"active": active}})
+
+    set_active(False)
+    evicted = await wait_for("EVICTED", lambda: harness.events.one(job_id, EVICTED))
+    wl = harness.workload(tenant, job_id)
+    evicted_cond = condition(wl, "Evicted")
+    assert evicted_cond is not None
+    assert evicted.time_us == time_us(evicted_cond["lastTransitionTime"])
+    assert evicted.reason.startswith("Deactivated") and evicted.flavor == "gpu-h100"
+
+    set_active(True)
+    again = await wait_for("ADMITTED of .r2",
+                           lambda: [e for e in harness.events.of(job_id, ADMITTED)
+                                    if e.workload_id == f"{job_id}.r2"])
+    wl = harness.workload(tenant, job_id)
+    reserved = condition(wl, "QuotaReserved")
+    assert reserved is not None
+    assert again[0].time_us == time_us(reserved["lastTransitionTime"]) >= evicted.time_us
+    assert again[0].event_id == f"{job_id}.r2:admitted"
+
+    async with grpc.aio.insecure_channel(harness.address) as channel:
+        resp = await placer_pb2_grpc.PlacerStub(channel).CancelWorkload(
+            placer_pb2.CancelWorkloadRequest(tenant=tenant, workload_id=job_id), timeout=30)
+    closed = await wait_for("FAILED of .r2", lambda: [
+        e for e in harness.events.of(job_id, FAILED) if e.workload_id == f"{job_id}.r2"])
+    assert closed[0].time_us == resp.cancelled_us
+    # The first allocation was closed once, by its eviction.
+    assert [e.event_id for e in harness.events.of(job_id) if e.workload_id == job_id
+            and e.type in (FINISHED, FAILED, EVICTED)] == [f"{job_id}:evicted"]
+    assert harness.proc is not None and harness.proc.stop() == 0  # SIGTERM drains and exits

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from services.placer import manifests
-from services.placer.core import key_of
+from services.placer.core import Placer, PlacerSettings, key_of
 from services.placer.domain import FlavorAsk, RunwayView, choose_flavor, short_because
 from services.placer.lifecycle import (
+    Derived,
     EventType,
     Observed,
     allocation_id,
@@ -318,3 +319,46 @@ def test_cluster_queue_lists_every_flavor_and_the_check_only_when_named() -> Non
     no_check = manifests.cluster_queue(TENANT, {}, ("gpu-h100",), "", suspended=True)
     assert no_check["spec"]["admissionChecksStrategy"] is None
     assert no_check["spec"]["stopPolicy"] == "Hold"
+
+
+# --- the observer, judged by what it publishes -------------------------------------
+
+class Recorder:
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    async def __call__(self, event: Derived) -> None:
+        self.ids.append(event.event_id)
+
+
+def observer(recorder: Recorder) -> Placer:
+    return Placer(cast(Any, None), cast(Any, None), recorder, PlacerSettings(),
+                  clock=lambda: us(59))
+
+
+async def test_observer_publishes_only_after_every_kind_is_listed_then_never_twice() -> None:
+    rec = Recorder()
+    placer = observer(rec)
+    running = workload(RESERVED)
+    await placer.observe_now("workload", "RELIST", [running])
+    await placer.observe_now("job", "RELIST", [job_obj()])
+    assert rec.ids == []  # pods not listed yet: STARTED could still be missing
+    await placer.observe_now("pod", "RELIST", [pod(35, 36)])
+    assert rec.ids == [f"{JOB}:queued", f"{JOB}:admitted", f"{JOB}:started"]
+    await placer.observe_now("workload", "MODIFIED", running)
+    assert len(rec.ids) == 3
+    done = workload(RESERVED, cond("Finished", "True", 39, "Succeeded"))
+    await placer.observe_now("workload", "MODIFIED", done)
+    assert rec.ids[3:] == [f"{JOB}:finished"]
+
+
+async def test_a_relist_without_a_workload_that_held_quota_closes_it() -> None:
+    rec = Recorder()
+    placer = observer(rec)
+    for kind, items in (("workload", [workload(RESERVED)]), ("job", []), ("pod", [])):
+        await placer.observe_now(kind, "RELIST", items)
+    assert rec.ids == [f"{JOB}:admitted"]
+    # The watch broke (410 Gone) and the Workload was deleted meanwhile.
+    await placer.observe_now("workload", "RELIST", [])
+    assert rec.ids == [f"{JOB}:admitted", f"{JOB}:failed"]
+    assert placer.views == {}
