@@ -25,7 +25,7 @@ class MoneyError(ValueError):
 
 
 def parse_amount(text: str, *, places: int = AMOUNT_PLACES, positive: bool = True,
-                 maximum: Decimal = MAX_AMOUNT) -> Decimal:
+                 maximum: Decimal = MAX_AMOUNT, signed: bool = False) -> Decimal:
     """Parse a decimal string strictly: no exponents, NaN, infinities or excess places."""
     s = text.strip()
     if not s:
@@ -42,6 +42,12 @@ def parse_amount(text: str, *, places: int = AMOUNT_PLACES, positive: bool = Tru
     assert isinstance(exponent, int)
     if -exponent > places:
         raise MoneyError(f"{text!r} has more than {places} decimal places")
+    if signed:
+        if value == 0:
+            raise MoneyError(f"{text!r} must not be zero")
+        if abs(value) > maximum:
+            raise MoneyError(f"{text!r} exceeds the maximum of {maximum} either way")
+        return value
     if positive and value <= 0:
         raise MoneyError(f"{text!r} must be greater than zero")
     if not positive and value < 0:

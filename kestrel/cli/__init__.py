@@ -70,6 +70,7 @@ for _fn in (tenant.submit, tenant.jobs, tenant.job, tenant.cancel, tenant.watch,
 app.add_typer(operator.tenants, name="tenants", rich_help_panel=OPERATOR)
 app.add_typer(operator.keys, name="keys", rich_help_panel=OPERATOR)
 app.command("top-up", rich_help_panel=OPERATOR)(operator.top_up)
+app.command("adjust", rich_help_panel=OPERATOR)(operator.adjust)
 app.add_typer(meter.app, name="meter", rich_help_panel=OPERATOR)
 
 

@@ -143,3 +143,21 @@ def top_up(ctx: typer.Context, tenant: TenantArg,
         return
     console.print("applied" if result.applied else "already applied (same top-up id)")
     console.print(render.runway_table(result.runway))
+
+
+def adjust(ctx: typer.Context, tenant: TenantArg,
+           amount: Annotated[str, typer.Argument(
+               help="signed credits: -50 lowers the budget, 20 raises it")],
+           note: Annotated[str, typer.Option(help="why the budget changes (required)")],
+           adjust_id: Annotated[str, typer.Option(
+               "--adjust-id", help="makes a retry safe: the same id applies once")] = "",
+           as_json: AsJson = False) -> None:
+    """Operator: correct TENANT's budget by a signed AMOUNT (an append-only credits row).
+    Below what is spent, the tenant's running work is evicted."""
+    with client(ctx) as c:
+        result = c.adjust_credits(tenant, amount, note, adjust_id or None)
+    if want_json(ctx, as_json):
+        print_json(result)
+        return
+    console.print("applied" if result.applied else "already applied (same adjust id)")
+    console.print(render.runway_table(result.runway))

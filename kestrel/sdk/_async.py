@@ -131,6 +131,13 @@ class AsyncClient:
             operator=True)
         return TopUpResult(applied=resp.applied, runway=Runway.from_pb(resp.runway))
 
+    async def adjust_credits(self, tenant: str, amount: Decimal | str, note: str,
+                             adjust_id: str | None = None) -> TopUpResult:
+        resp = await self._call(self._stub.AdjustCredits, gateway_pb2.AdjustCreditsRequest(
+            tenant=tenant, amount=money_text(amount), adjust_id=adjust_id or "", note=note),
+            operator=True)
+        return TopUpResult(applied=resp.applied, runway=Runway.from_pb(resp.runway))
+
     # --- tenant -----------------------------------------------------------------------
 
     async def submit_job(self, *, name: str, gpus: int, max_duration_s: int,

@@ -128,6 +128,15 @@ class Client:
             operator=True)
         return TopUpResult(applied=resp.applied, runway=Runway.from_pb(resp.runway))
 
+    def adjust_credits(self, tenant: str, amount: Decimal | str, note: str,
+                       adjust_id: str | None = None) -> TopUpResult:
+        """Correct the budget by a signed amount (negative lowers it); `note` says why.
+        The same `adjust_id` applies once."""
+        resp = self._call(self._stub.AdjustCredits, gateway_pb2.AdjustCreditsRequest(
+            tenant=tenant, amount=money_text(amount), adjust_id=adjust_id or "", note=note),
+            operator=True)
+        return TopUpResult(applied=resp.applied, runway=Runway.from_pb(resp.runway))
+
     # --- tenant -----------------------------------------------------------------------
 
     def submit_job(self, *, name: str, gpus: int, max_duration_s: int, flavor: str = "",

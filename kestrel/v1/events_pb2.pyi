@@ -82,6 +82,8 @@ class _RunwayChangeReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Ru
     RUNWAY_CHANGE_REASON_RESERVATION: _RunwayChangeReason.ValueType  # 8
     RUNWAY_CHANGE_REASON_STARTUP: _RunwayChangeReason.ValueType  # 9
     """Published at meter start-up so the last-value stream is never stale."""
+    RUNWAY_CHANGE_REASON_ADJUSTMENT: _RunwayChangeReason.ValueType  # 10
+    """An operator adjusted the budget (kestrel.v1.Meter/Adjust)."""
 
 class RunwayChangeReason(_RunwayChangeReason, metaclass=_RunwayChangeReasonEnumTypeWrapper):
     """Why a runway message was published."""
@@ -98,6 +100,8 @@ RUNWAY_CHANGE_REASON_EXHAUSTED: RunwayChangeReason.ValueType  # 7
 RUNWAY_CHANGE_REASON_RESERVATION: RunwayChangeReason.ValueType  # 8
 RUNWAY_CHANGE_REASON_STARTUP: RunwayChangeReason.ValueType  # 9
 """Published at meter start-up so the last-value stream is never stale."""
+RUNWAY_CHANGE_REASON_ADJUSTMENT: RunwayChangeReason.ValueType  # 10
+"""An operator adjusted the budget (kestrel.v1.Meter/Adjust)."""
 Global___RunwayChangeReason: _TypeAlias = RunwayChangeReason  # noqa: Y015
 
 @_typing.final

@@ -490,6 +490,57 @@ class GatewayTopUpResponse(_message.Message):
 Global___GatewayTopUpResponse: _TypeAlias = GatewayTopUpResponse  # noqa: Y015
 
 @_typing.final
+class AdjustCreditsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    AMOUNT_FIELD_NUMBER: _builtins.int
+    ADJUST_ID_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    amount: _builtins.str
+    adjust_id: _builtins.str
+    note: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        amount: _builtins.str = ...,
+        adjust_id: _builtins.str = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adjust_id", b"adjust_id", "amount", b"amount", "note", b"note", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdjustCreditsRequest: _TypeAlias = AdjustCreditsRequest  # noqa: Y015
+
+@_typing.final
+class AdjustCreditsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNWAY_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    applied: _builtins.bool
+    @_builtins.property
+    def runway(self) -> _common_pb2.Runway: ...
+    def __init__(
+        self,
+        *,
+        runway: _common_pb2.Runway | None = ...,
+        applied: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["runway", b"runway"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "runway", b"runway"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdjustCreditsResponse: _TypeAlias = AdjustCreditsResponse  # noqa: Y015
+
+@_typing.final
 class SubmitJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -76,6 +76,11 @@ class GatewayStub:
                 request_serializer=kestrel_dot_v1_dot_gateway__pb2.GatewayTopUpRequest.SerializeToString,
                 response_deserializer=kestrel_dot_v1_dot_gateway__pb2.GatewayTopUpResponse.FromString,
                 _registered_method=True)
+        self.AdjustCredits = channel.unary_unary(
+                '/kestrel.v1.Gateway/AdjustCredits',
+                request_serializer=kestrel_dot_v1_dot_gateway__pb2.AdjustCreditsRequest.SerializeToString,
+                response_deserializer=kestrel_dot_v1_dot_gateway__pb2.AdjustCreditsResponse.FromString,
+                _registered_method=True)
         self.SubmitJob = channel.unary_unary(
                 '/kestrel.v1.Gateway/SubmitJob',
                 request_serializer=kestrel_dot_v1_dot_gateway__pb2.SubmitJobRequest.SerializeToString,
@@ -189,6 +194,13 @@ class GatewayServicer:
 
     def TopUp(self, request, context):
         """Operator: credits, through the meter.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdjustCredits(self, request, context):
+        """Operator: lower or raise the budget by a signed amount, through the meter.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -312,6 +324,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.TopUp,
                     request_deserializer=kestrel_dot_v1_dot_gateway__pb2.GatewayTopUpRequest.FromString,
                     response_serializer=kestrel_dot_v1_dot_gateway__pb2.GatewayTopUpResponse.SerializeToString,
+            ),
+            'AdjustCredits': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdjustCredits,
+                    request_deserializer=kestrel_dot_v1_dot_gateway__pb2.AdjustCreditsRequest.FromString,
+                    response_serializer=kestrel_dot_v1_dot_gateway__pb2.AdjustCreditsResponse.SerializeToString,
             ),
             'SubmitJob': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitJob,
@@ -592,6 +609,33 @@ class Gateway:
             '/kestrel.v1.Gateway/TopUp',
             kestrel_dot_v1_dot_gateway__pb2.GatewayTopUpRequest.SerializeToString,
             kestrel_dot_v1_dot_gateway__pb2.GatewayTopUpResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdjustCredits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kestrel.v1.Gateway/AdjustCredits',
+            kestrel_dot_v1_dot_gateway__pb2.AdjustCreditsRequest.SerializeToString,
+            kestrel_dot_v1_dot_gateway__pb2.AdjustCreditsResponse.FromString,
             options,
             channel_credentials,
             insecure,

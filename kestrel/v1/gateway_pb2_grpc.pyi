@@ -46,6 +46,8 @@ class GatewayStub:
     RevokeApiKey: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RevokeApiKeyRequest, _gateway_pb2.RevokeApiKeyResponse]
     TopUp: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GatewayTopUpRequest, _gateway_pb2.GatewayTopUpResponse]
     """Operator: credits, through the meter."""
+    AdjustCredits: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.AdjustCreditsRequest, _gateway_pb2.AdjustCreditsResponse]
+    """Operator: lower or raise the budget by a signed amount, through the meter."""
     SubmitJob: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.SubmitJobRequest, _gateway_pb2.SubmitJobResponse]
     """Tenant: jobs."""
     GetJob: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GetJobRequest, _gateway_pb2.GetJobResponse]
@@ -81,6 +83,8 @@ class GatewayAsyncStub(GatewayStub):
     RevokeApiKey: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RevokeApiKeyRequest, _gateway_pb2.RevokeApiKeyResponse]  # type: ignore[assignment]
     TopUp: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GatewayTopUpRequest, _gateway_pb2.GatewayTopUpResponse]  # type: ignore[assignment]
     """Operator: credits, through the meter."""
+    AdjustCredits: _aio.UnaryUnaryMultiCallable[_gateway_pb2.AdjustCreditsRequest, _gateway_pb2.AdjustCreditsResponse]  # type: ignore[assignment]
+    """Operator: lower or raise the budget by a signed amount, through the meter."""
     SubmitJob: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SubmitJobRequest, _gateway_pb2.SubmitJobResponse]  # type: ignore[assignment]
     """Tenant: jobs."""
     GetJob: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetJobRequest, _gateway_pb2.GetJobResponse]  # type: ignore[assignment]
@@ -161,6 +165,14 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.GatewayTopUpResponse, _abc.Awaitable[_gateway_pb2.GatewayTopUpResponse]]:
         """Operator: credits, through the meter."""
+
+    @_abc_1.abstractmethod
+    def AdjustCredits(
+        self,
+        request: _gateway_pb2.AdjustCreditsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.AdjustCreditsResponse, _abc.Awaitable[_gateway_pb2.AdjustCreditsResponse]]:
+        """Operator: lower or raise the budget by a signed amount, through the meter."""
 
     @_abc_1.abstractmethod
     def SubmitJob(

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kestrel.v1 import common_pb2 as kestrel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kestrel/v1/meter.proto\x12\nkestrel.v1\x1a\x17kestrel/v1/common.proto\"\"\n\x10GetRunwayRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"7\n\x11GetRunwayResponse\x12\"\n\x06runway\x18\x01 \x01(\x0b\x32\x12.kestrel.v1.Runway\"\xdd\x01\n\x08UsageRow\x12\x0e\n\x06row_id\x18\x01 \x01(\x03\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x13\n\x0bworkload_id\x18\x03 \x01(\t\x12\x0e\n\x06\x66lavor\x18\x04 \x01(\t\x12\x0c\n\x04gpus\x18\x05 \x01(\x05\x12\x10\n\x08start_us\x18\x06 \x01(\x03\x12\x0e\n\x06\x65nd_us\x18\x07 \x01(\x03\x12\x0e\n\x06gpu_us\x18\x08 \x01(\x03\x12\x17\n\x0fprice_per_gpu_s\x18\t \x01(\t\x12\x0c\n\x04\x63ost\x18\n \x01(\t\x12\x10\n\x08\x63\x61use_id\x18\x0b \x01(\t\x12\x13\n\x0brecorded_us\x18\x0c \x01(\x03\"\x80\x01\n\x10ListUsageRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08start_us\x18\x02 \x01(\x03\x12\x0e\n\x06\x65nd_us\x18\x03 \x01(\x03\x12\x13\n\x0bworkload_id\x18\x04 \x01(\t\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"P\n\x11ListUsageResponse\x12\"\n\x04rows\x18\x01 \x03(\x0b\x32\x14.kestrel.v1.UsageRow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"O\n\x0cTopUpRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06\x61mount\x18\x02 \x01(\t\x12\x11\n\ttop_up_id\x18\x03 \x01(\t\x12\x0c\n\x04note\x18\x04 \x01(\t\"D\n\rTopUpResponse\x12\"\n\x06runway\x18\x01 \x01(\x0b\x32\x12.kestrel.v1.Runway\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"I\n\x0b\x46lavorUsage\x12\x0e\n\x06\x66lavor\x18\x01 \x01(\t\x12\x0e\n\x06gpu_us\x18\x02 \x01(\x03\x12\x0c\n\x04\x63ost\x18\x03 \x01(\t\x12\x0c\n\x04rows\x18\x04 \x01(\x03\")\n\x17GetTenantSummaryRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"\xa1\x01\n\x18GetTenantSummaryResponse\x12\"\n\x06runway\x18\x01 \x01(\x0b\x32\x12.kestrel.v1.Runway\x12(\n\x07\x66lavors\x18\x02 \x03(\x0b\x32\x17.kestrel.v1.FlavorUsage\x12\x0c\n\x04rows\x18\x03 \x01(\x03\x12\x18\n\x10open_allocations\x18\x04 \x01(\x05\x12\x0f\n\x07top_ups\x18\x05 \x01(\x03\"?\n\x14\x43reateAccountRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x17\n\x0finitial_credits\x18\x02 \x01(\t\"L\n\x15\x43reateAccountResponse\x12\"\n\x06runway\x18\x01 \x01(\x0b\x32\x12.kestrel.v1.Runway\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"_\n\x05Price\x12\x0e\n\x06\x66lavor\x18\x01 \x01(\t\x12\x17\n\x0fprice_per_gpu_s\x18\x02 \x01(\t\x12\x17\n\x0fprice_per_gpu_h\x18\x03 \x01(\t\x12\x14\n\x0c\x65\x66\x66\x65\x63tive_us\x18\x04 \x01(\x03\"\x13\n\x11ListPricesRequest\"7\n\x12ListPricesResponse\x12!\n\x06prices\x18\x01 \x03(\x0b\x32\x11.kestrel.v1.Price\":\n\x0fSetPriceRequest\x12\x0e\n\x06\x66lavor\x18\x01 \x01(\t\x12\x17\n\x0fprice_per_gpu_s\x18\x02 \x01(\t\"4\n\x10SetPriceResponse\x12 \n\x05price\x18\x01 \x01(\x0b\x32\x11.kestrel.v1.Price2\xa2\x04\n\x05Meter\x12H\n\tGetRunway\x12\x1c.kestrel.v1.GetRunwayRequest\x1a\x1d.kestrel.v1.GetRunwayResponse\x12H\n\tListUsage\x12\x1c.kestrel.v1.ListUsageRequest\x1a\x1d.kestrel.v1.ListUsageResponse\x12<\n\x05TopUp\x12\x18.kestrel.v1.TopUpRequest\x1a\x19.kestrel.v1.TopUpResponse\x12]\n\x10GetTenantSummary\x12#.kestrel.v1.GetTenantSummaryRequest\x1a$.kestrel.v1.GetTenantSummaryResponse\x12T\n\rCreateAccount\x12 .kestrel.v1.CreateAccountRequest\x1a!.kestrel.v1.CreateAccountResponse\x12K\n\nListPrices\x12\x1d.kestrel.v1.ListPricesRequest\x1a\x1e.kestrel.v1.ListPricesResponse\x12\x45\n\x08SetPrice\x12\x1b.kestrel.v1.SetPriceRequest\x1a\x1c.kestrel.v1.SetPriceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kestrel/v1/meter.proto\x12\nkestrel.v1\x1a\x17kestrel/v1/common.proto\"\"\n\x10GetRunwayRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"7\n\x11GetRunwayResponse\x12\"\n\x06runway\x18\x01 \x01(\x0b\x32\x12.kestrel.v1.Runway\"\xdd\x01\n\x08UsageRow\x12\x0e\n\x06row_id\x18\x01 \x01(\x03\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x13\n\x0bworkload_id\x18\x03 \x01(\t\x12\x0e\n\x06\x66lavor\x18\x04 \x01(\t\x12\x0c\n\x04gpus\x18\x05 \x01(\x05\x12\x10\n\x08start_us\x18\x06 \x01(\x03\x12\x0e\n\x06\x65nd_us\x18\x07 \x01(\x03\x12\x0e\n\x06gpu_us\x18\x08 \x01(\x03\x12\x17\n\x0fprice_per_gpu_s\x18\t \x01(\t\x12\x0c\n\x04\x63ost\x18\n \x01(\t\x12\x10\n\x08\x63\x61use_id\x18\x0b \x01(\t\x12\x13\n\x0brecorded_us\x18\x0c \x01(\x03\"\x80\x01\n\x10ListUsageRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08start_us\x18\x02 \x01(\x03\x12\x0e\n\x06\x65nd_us\x18\x03 \x01(\x03\x12\x13\n\x0bworkload_id\x18\x04 \x01(\t\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"P\n\x11ListUsageResponse\x12\"\n\x04rows\x18\x01 \x03(\x0b\x32\x14.kestrel.v1.UsageRow\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"O\n\x0cTopUpRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06\x61mount\x18\x02 \x01(\t\x12\x11\n\ttop_up_id\x18\x03 \x01(\t\x12\x0c\n\x04note\x18\x04 \x01(\t\"P\n\rAdjustRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06\x61mount\x18\x02 \x01(\t\x12\x11\n\tadjust_id\x18\x03 \x01(\t\x12\x0c\n\x04note\x18\x04 \x01(\t\"E\n\x0e\x41\x64justResponse\x12\"\n\x06runway\x18\x01 \x01(\x0b\x32\x12.kestrel.v1.Runway\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"D\n\rTopUpResponse\x12\"\n\x06runway\x18\x01 \x01(\x0b\x32\x12.kestrel.v1.Runway\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"I\n\x0b\x46lavorUsage\x12\x0e\n\x06\x66lavor\x18\x01 \x01(\t\x12\x0e\n\x06gpu_us\x18\x02 \x01(\x03\x12\x0c\n\x04\x63ost\x18\x03 \x01(\t\x12\x0c\n\x04rows\x18\x04 \x01(\x03\")\n\x17GetTenantSummaryRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"\xa1\x01\n\x18GetTenantSummaryResponse\x12\"\n\x06runway\x18\x01 \x01(\x0b\x32\x12.kestrel.v1.Runway\x12(\n\x07\x66lavors\x18\x02 \x03(\x0b\x32\x17.kestrel.v1.FlavorUsage\x12\x0c\n\x04rows\x18\x03 \x01(\x03\x12\x18\n\x10open_allocations\x18\x04 \x01(\x05\x12\x0f\n\x07top_ups\x18\x05 \x01(\x03\"?\n\x14\x43reateAccountRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x17\n\x0finitial_credits\x18\x02 \x01(\t\"L\n\x15\x43reateAccountResponse\x12\"\n\x06runway\x18\x01 \x01(\x0b\x32\x12.kestrel.v1.Runway\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"_\n\x05Price\x12\x0e\n\x06\x66lavor\x18\x01 \x01(\t\x12\x17\n\x0fprice_per_gpu_s\x18\x02 \x01(\t\x12\x17\n\x0fprice_per_gpu_h\x18\x03 \x01(\t\x12\x14\n\x0c\x65\x66\x66\x65\x63tive_us\x18\x04 \x01(\x03\"\x13\n\x11ListPricesRequest\"7\n\x12ListPricesResponse\x12!\n\x06prices\x18\x01 \x03(\x0b\x32\x11.kestrel.v1.Price\":\n\x0fSetPriceRequest\x12\x0e\n\x06\x66lavor\x18\x01 \x01(\t\x12\x17\n\x0fprice_per_gpu_s\x18\x02 \x01(\t\"4\n\x10SetPriceResponse\x12 \n\x05price\x18\x01 \x01(\x0b\x32\x11.kestrel.v1.Price2\xe3\x04\n\x05Meter\x12H\n\tGetRunway\x12\x1c.kestrel.v1.GetRunwayRequest\x1a\x1d.kestrel.v1.GetRunwayResponse\x12H\n\tListUsage\x12\x1c.kestrel.v1.ListUsageRequest\x1a\x1d.kestrel.v1.ListUsageResponse\x12<\n\x05TopUp\x12\x18.kestrel.v1.TopUpRequest\x1a\x19.kestrel.v1.TopUpResponse\x12?\n\x06\x41\x64just\x12\x19.kestrel.v1.AdjustRequest\x1a\x1a.kestrel.v1.AdjustResponse\x12]\n\x10GetTenantSummary\x12#.kestrel.v1.GetTenantSummaryRequest\x1a$.kestrel.v1.GetTenantSummaryResponse\x12T\n\rCreateAccount\x12 .kestrel.v1.CreateAccountRequest\x1a!.kestrel.v1.CreateAccountResponse\x12K\n\nListPrices\x12\x1d.kestrel.v1.ListPricesRequest\x1a\x1e.kestrel.v1.ListPricesResponse\x12\x45\n\x08SetPrice\x12\x1b.kestrel.v1.SetPriceRequest\x1a\x1c.kestrel.v1.SetPriceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,28 +44,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTUSAGERESPONSE']._serialized_end=591
   _globals['_TOPUPREQUEST']._serialized_start=593
   _globals['_TOPUPREQUEST']._serialized_end=672
-  _globals['_TOPUPRESPONSE']._serialized_start=674
-  _globals['_TOPUPRESPONSE']._serialized_end=742
-  _globals['_FLAVORUSAGE']._serialized_start=744
-  _globals['_FLAVORUSAGE']._serialized_end=817
-  _globals['_GETTENANTSUMMARYREQUEST']._serialized_start=819
-  _globals['_GETTENANTSUMMARYREQUEST']._serialized_end=860
-  _globals['_GETTENANTSUMMARYRESPONSE']._serialized_start=863
-  _globals['_GETTENANTSUMMARYRESPONSE']._serialized_end=1024
-  _globals['_CREATEACCOUNTREQUEST']._serialized_start=1026
-  _globals['_CREATEACCOUNTREQUEST']._serialized_end=1089
-  _globals['_CREATEACCOUNTRESPONSE']._serialized_start=1091
-  _globals['_CREATEACCOUNTRESPONSE']._serialized_end=1167
-  _globals['_PRICE']._serialized_start=1169
-  _globals['_PRICE']._serialized_end=1264
-  _globals['_LISTPRICESREQUEST']._serialized_start=1266
-  _globals['_LISTPRICESREQUEST']._serialized_end=1285
-  _globals['_LISTPRICESRESPONSE']._serialized_start=1287
-  _globals['_LISTPRICESRESPONSE']._serialized_end=1342
-  _globals['_SETPRICEREQUEST']._serialized_start=1344
-  _globals['_SETPRICEREQUEST']._serialized_end=1402
-  _globals['_SETPRICERESPONSE']._serialized_start=1404
-  _globals['_SETPRICERESPONSE']._serialized_end=1456
-  _globals['_METER']._serialized_start=1459
-  _globals['_METER']._serialized_end=2005
+  _globals['_ADJUSTREQUEST']._serialized_start=674
+  _globals['_ADJUSTREQUEST']._serialized_end=754
+  _globals['_ADJUSTRESPONSE']._serialized_start=756
+  _globals['_ADJUSTRESPONSE']._serialized_end=825
+  _globals['_TOPUPRESPONSE']._serialized_start=827
+  _globals['_TOPUPRESPONSE']._serialized_end=895
+  _globals['_FLAVORUSAGE']._serialized_start=897
+  _globals['_FLAVORUSAGE']._serialized_end=970
+  _globals['_GETTENANTSUMMARYREQUEST']._serialized_start=972
+  _globals['_GETTENANTSUMMARYREQUEST']._serialized_end=1013
+  _globals['_GETTENANTSUMMARYRESPONSE']._serialized_start=1016
+  _globals['_GETTENANTSUMMARYRESPONSE']._serialized_end=1177
+  _globals['_CREATEACCOUNTREQUEST']._serialized_start=1179
+  _globals['_CREATEACCOUNTREQUEST']._serialized_end=1242
+  _globals['_CREATEACCOUNTRESPONSE']._serialized_start=1244
+  _globals['_CREATEACCOUNTRESPONSE']._serialized_end=1320
+  _globals['_PRICE']._serialized_start=1322
+  _globals['_PRICE']._serialized_end=1417
+  _globals['_LISTPRICESREQUEST']._serialized_start=1419
+  _globals['_LISTPRICESREQUEST']._serialized_end=1438
+  _globals['_LISTPRICESRESPONSE']._serialized_start=1440
+  _globals['_LISTPRICESRESPONSE']._serialized_end=1495
+  _globals['_SETPRICEREQUEST']._serialized_start=1497
+  _globals['_SETPRICEREQUEST']._serialized_end=1555
+  _globals['_SETPRICERESPONSE']._serialized_start=1557
+  _globals['_SETPRICERESPONSE']._serialized_end=1609
+  _globals['_METER']._serialized_start=1612
+  _globals['_METER']._serialized_end=2223
 # @@protoc_insertion_point(module_scope)

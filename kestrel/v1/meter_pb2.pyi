@@ -208,6 +208,59 @@ class TopUpRequest(_message.Message):
 Global___TopUpRequest: _TypeAlias = TopUpRequest  # noqa: Y015
 
 @_typing.final
+class AdjustRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    AMOUNT_FIELD_NUMBER: _builtins.int
+    ADJUST_ID_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    amount: _builtins.str
+    """Signed decimal credits, non-zero, |amount| at most 1e12, at most 9 decimal places."""
+    adjust_id: _builtins.str
+    """Idempotency key: the same id adjusts once."""
+    note: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        amount: _builtins.str = ...,
+        adjust_id: _builtins.str = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adjust_id", b"adjust_id", "amount", b"amount", "note", b"note", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdjustRequest: _TypeAlias = AdjustRequest  # noqa: Y015
+
+@_typing.final
+class AdjustResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNWAY_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    applied: _builtins.bool
+    @_builtins.property
+    def runway(self) -> _common_pb2.Runway: ...
+    def __init__(
+        self,
+        *,
+        runway: _common_pb2.Runway | None = ...,
+        applied: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["runway", b"runway"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "runway", b"runway"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdjustResponse: _TypeAlias = AdjustResponse  # noqa: Y015
+
+@_typing.final
 class TopUpResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -50,6 +50,11 @@ class MeterStub:
                 request_serializer=kestrel_dot_v1_dot_meter__pb2.TopUpRequest.SerializeToString,
                 response_deserializer=kestrel_dot_v1_dot_meter__pb2.TopUpResponse.FromString,
                 _registered_method=True)
+        self.Adjust = channel.unary_unary(
+                '/kestrel.v1.Meter/Adjust',
+                request_serializer=kestrel_dot_v1_dot_meter__pb2.AdjustRequest.SerializeToString,
+                response_deserializer=kestrel_dot_v1_dot_meter__pb2.AdjustResponse.FromString,
+                _registered_method=True)
         self.GetTenantSummary = channel.unary_unary(
                 '/kestrel.v1.Meter/GetTenantSummary',
                 request_serializer=kestrel_dot_v1_dot_meter__pb2.GetTenantSummaryRequest.SerializeToString,
@@ -92,6 +97,14 @@ class MeterServicer:
 
     def TopUp(self, request, context):
         """Operator: add credits (an append-only credits row).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Adjust(self, request, context):
+        """Operator: correct the budget by a signed amount (an append-only credits row;
+        a negative one lowers the budget, possibly below what was already spent).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -142,6 +155,11 @@ def add_MeterServicer_to_server(servicer, server):
                     servicer.TopUp,
                     request_deserializer=kestrel_dot_v1_dot_meter__pb2.TopUpRequest.FromString,
                     response_serializer=kestrel_dot_v1_dot_meter__pb2.TopUpResponse.SerializeToString,
+            ),
+            'Adjust': grpc.unary_unary_rpc_method_handler(
+                    servicer.Adjust,
+                    request_deserializer=kestrel_dot_v1_dot_meter__pb2.AdjustRequest.FromString,
+                    response_serializer=kestrel_dot_v1_dot_meter__pb2.AdjustResponse.SerializeToString,
             ),
             'GetTenantSummary': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTenantSummary,
@@ -246,6 +264,33 @@ class Meter:
             '/kestrel.v1.Meter/TopUp',
             kestrel_dot_v1_dot_meter__pb2.TopUpRequest.SerializeToString,
             kestrel_dot_v1_dot_meter__pb2.TopUpResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Adjust(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kestrel.v1.Meter/Adjust',
+            kestrel_dot_v1_dot_meter__pb2.AdjustRequest.SerializeToString,
+            kestrel_dot_v1_dot_meter__pb2.AdjustResponse.FromString,
             options,
             channel_credentials,
             insecure,

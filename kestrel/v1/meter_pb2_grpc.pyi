@@ -39,6 +39,10 @@ class MeterStub:
     """Ledger rows of a tenant, by time range and/or workload, paged."""
     TopUp: _grpc.UnaryUnaryMultiCallable[_meter_pb2.TopUpRequest, _meter_pb2.TopUpResponse]
     """Operator: add credits (an append-only credits row)."""
+    Adjust: _grpc.UnaryUnaryMultiCallable[_meter_pb2.AdjustRequest, _meter_pb2.AdjustResponse]
+    """Operator: correct the budget by a signed amount (an append-only credits row;
+    a negative one lowers the budget, possibly below what was already spent).
+    """
     GetTenantSummary: _grpc.UnaryUnaryMultiCallable[_meter_pb2.GetTenantSummaryRequest, _meter_pb2.GetTenantSummaryResponse]
     """Totals of a tenant, per flavor, all from ledger rows."""
     CreateAccount: _grpc.UnaryUnaryMultiCallable[_meter_pb2.CreateAccountRequest, _meter_pb2.CreateAccountResponse]
@@ -59,6 +63,10 @@ class MeterAsyncStub(MeterStub):
     """Ledger rows of a tenant, by time range and/or workload, paged."""
     TopUp: _aio.UnaryUnaryMultiCallable[_meter_pb2.TopUpRequest, _meter_pb2.TopUpResponse]  # type: ignore[assignment]
     """Operator: add credits (an append-only credits row)."""
+    Adjust: _aio.UnaryUnaryMultiCallable[_meter_pb2.AdjustRequest, _meter_pb2.AdjustResponse]  # type: ignore[assignment]
+    """Operator: correct the budget by a signed amount (an append-only credits row;
+    a negative one lowers the budget, possibly below what was already spent).
+    """
     GetTenantSummary: _aio.UnaryUnaryMultiCallable[_meter_pb2.GetTenantSummaryRequest, _meter_pb2.GetTenantSummaryResponse]  # type: ignore[assignment]
     """Totals of a tenant, per flavor, all from ledger rows."""
     CreateAccount: _aio.UnaryUnaryMultiCallable[_meter_pb2.CreateAccountRequest, _meter_pb2.CreateAccountResponse]  # type: ignore[assignment]
@@ -94,6 +102,16 @@ class MeterServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_meter_pb2.TopUpResponse, _abc.Awaitable[_meter_pb2.TopUpResponse]]:
         """Operator: add credits (an append-only credits row)."""
+
+    @_abc_1.abstractmethod
+    def Adjust(
+        self,
+        request: _meter_pb2.AdjustRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_meter_pb2.AdjustResponse, _abc.Awaitable[_meter_pb2.AdjustResponse]]:
+        """Operator: correct the budget by a signed amount (an append-only credits row;
+        a negative one lowers the budget, possibly below what was already spent).
+        """
 
     @_abc_1.abstractmethod
     def GetTenantSummary(

@@ -33,6 +33,7 @@ from kestrel.errors import (
 )
 from kestrel.grpcserver import map_errors
 from kestrel.jobs import JobRow, JobState, job_to_wire
+from kestrel.money import MoneyError, parse_amount
 from kestrel.paging import decode_int_token, decode_token, encode_token
 from kestrel.v1 import (
     admission_pb2,
@@ -280,6 +281,26 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             tenant=request.tenant, amount=request.amount, top_up_id=request.top_up_id,
             note=request.note), timeout=10))
         return gateway_pb2.GatewayTopUpResponse(runway=resp.runway, applied=resp.applied)
+
+    async def AdjustCredits(self, request: gateway_pb2.AdjustCreditsRequest,
+                            context: Ctx) -> gateway_pb2.AdjustCreditsResponse:
+        self._operator(context)
+        v = Violations()
+        if (problem := name_problem(request.tenant)) is not None:
+            v.add("tenant", problem)
+        try:
+            parse_amount(request.amount, signed=True)
+        except MoneyError as exc:
+            v.add("amount", str(exc))
+        if not request.note or not printable(request.note, 500):
+            v.add("note", "is required (why the budget changes): at most 500 printable "
+                          "characters")
+        v.raise_if_any()
+        await self._existing(request.tenant)
+        resp = await _call(self.meter.Adjust(meter_pb2.AdjustRequest(
+            tenant=request.tenant, amount=request.amount, adjust_id=request.adjust_id,
+            note=request.note), timeout=10))
+        return gateway_pb2.AdjustCreditsResponse(runway=resp.runway, applied=resp.applied)
 
     # --- tenant: jobs --------------------------------------------------------
 

@@ -122,16 +122,19 @@ class Meter:
             return len(rows)
 
     async def top_up(self, tenant: str, amount: Decimal, top_up_id: str,
-                     note: str) -> tuple[RunwayFigures, bool]:
+                     note: str, *, adjustment: bool = False) -> tuple[RunwayFigures, bool]:
+        """Append a credits row: a top-up (positive) or an operator's signed adjustment."""
         async with self.lock:
             if tenant not in self.projection.accounts and not await self.store.tenant_exists(
                     tenant):
                 raise NotFound(f"tenant {tenant!r} has no account")
-            applied = await self.store.top_up(tenant, amount, top_up_id, note, self.clock())
+            applied = await self.store.top_up(tenant, amount, top_up_id, note, self.clock(),
+                                              kind="adjustment" if adjustment else "top_up")
             if applied:
                 self.projection.add_credits(tenant, amount)
                 await self._refresh_reserved([tenant])
-                await self._publish([tenant], Reason.TOP_UP, force=True)
+                await self._publish([tenant], Reason.ADJUSTMENT if adjustment
+                                    else Reason.TOP_UP, force=True)
             return self.projection.figures(tenant, self.clock()), applied
 
     async def create_account(self, tenant: str) -> bool:

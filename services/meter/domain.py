@@ -272,6 +272,7 @@ class Reason(enum.IntEnum):
     EXHAUSTED = 7
     RESERVATION = 8
     STARTUP = 9
+    ADJUSTMENT = 10
 
 
 _BAND_REASON = {Band.BELOW_50: Reason.THRESHOLD_50, Band.BELOW_10: Reason.THRESHOLD_10,

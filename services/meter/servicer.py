@@ -97,6 +97,25 @@ class MeterServicer(meter_pb2_grpc.MeterServicer):
                                                    request.note)
         return meter_pb2.TopUpResponse(runway=runway_to_wire(figures), applied=applied)
 
+    async def Adjust(self, request: meter_pb2.AdjustRequest,
+                     context: Ctx) -> meter_pb2.AdjustResponse:
+        v = Violations()
+        check_tenant(v, request.tenant)
+        amount = Decimal(0)
+        try:
+            amount = parse_amount(request.amount, signed=True)
+        except MoneyError as exc:
+            v.add("amount", str(exc))
+        if request.adjust_id and not ID_RE.match(request.adjust_id):
+            v.add("adjust_id", "must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+        if not request.note or len(request.note) > 500:
+            v.add("note", "is required (why the budget changes): at most 500 characters")
+        v.raise_if_any()
+        figures, applied = await self.meter.top_up(
+            request.tenant, amount, request.adjust_id or f"adjust-{uuid.uuid4().hex}",
+            request.note, adjustment=True)
+        return meter_pb2.AdjustResponse(runway=runway_to_wire(figures), applied=applied)
+
     async def GetTenantSummary(self, request: meter_pb2.GetTenantSummaryRequest,
                                context: Ctx) -> meter_pb2.GetTenantSummaryResponse:
         v = Violations()

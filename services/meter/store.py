@@ -155,11 +155,11 @@ class MeterStore:
         return bool(status.endswith(" 1"))
 
     async def top_up(self, tenant: str, amount: Decimal, top_up_id: str, note: str,
-                     now_us: int) -> bool:
+                     now_us: int, kind: str = "top_up") -> bool:
         status = await self.pool.execute("""
-            INSERT INTO credits (tenant, top_up_id, amount, note, recorded_us)
-            VALUES ($1, $2, $3, $4, $5) ON CONFLICT (top_up_id) DO NOTHING""",
-            tenant, top_up_id, amount, note, now_us)
+            INSERT INTO credits (tenant, top_up_id, amount, note, recorded_us, kind)
+            VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (top_up_id) DO NOTHING""",
+            tenant, top_up_id, amount, note, now_us, kind)
         return bool(status.endswith(" 1"))
 
     async def set_price(self, flavor: str, price: Decimal, now_us: int) -> None:

@@ -152,6 +152,12 @@ BAD = [
      grpc.StatusCode.INVALID_ARGUMENT, "page_size"),
     ("the runway of an unknown tenant", "GetRunway", meter_pb2.GetRunwayRequest(tenant="ghost"),
      grpc.StatusCode.NOT_FOUND, None),
+    ("a zero adjustment", "Adjust",
+     meter_pb2.AdjustRequest(tenant="acme", amount="0", note="typo"),
+     grpc.StatusCode.INVALID_ARGUMENT, "amount"),
+    ("an adjustment that says not why", "Adjust",
+     meter_pb2.AdjustRequest(tenant="acme", amount="-5"),
+     grpc.StatusCode.INVALID_ARGUMENT, "note"),
     ("a negative price", "SetPrice",
      meter_pb2.SetPriceRequest(flavor="gpu-h100", price_per_gpu_s="-1"),
      grpc.StatusCode.INVALID_ARGUMENT, "price_per_gpu_s"),
@@ -183,25 +189,43 @@ async def test_a_top_up_with_the_same_id_applies_once(stub: meter_pb2_grpc.Meter
 
 
 async def test_usage_pages_cover_every_row_once(
-        meter: ServiceProcess, stub: meter_pb2_grpc.MeterStub, clean_bus: str) -> None:
+        meter: ServiceProcess, stub: meter_pb2_grpc.MeterStub, db: asyncpg.Connection,
+        clean_bus: str) -> None:
     await publish_events(clean_bus, [
         e for i in range(25) for e in (wev(f"a{i}", "acme", f"j{i}", 1, T0 + i),
                                        wev(f"f{i}", "acme", f"j{i}", 3, T0 + i + 1000))])
+    await eventually(lambda: count(db, "SELECT count(*) FROM allocations WHERE status = 2"),
+                     lambda n: n == 25)
+    ids: list[int] = []
+    token = ""
+    while True:
+        page = await stub.ListUsage(meter_pb2.ListUsageRequest(
+            tenant="acme", page_size=7, page_token=token))
+        assert len(page.rows) <= 7
+        ids += [r.row_id for r in page.rows]
+        token = page.next_page_token
+        if not token:
+            break
+    in_ledger = [r["row_id"] for r in await db.fetch(
+        "SELECT row_id FROM ledger WHERE tenant = 'acme' ORDER BY row_id")]
+    assert ids == in_ledger and len(ids) >= 25
 
-    async def all_rows() -> list[int]:
-        ids: list[int] = []
-        token = ""
-        while True:
-            try:
-                page = await stub.ListUsage(meter_pb2.ListUsageRequest(
-                    tenant="acme", page_size=7, page_token=token))
-            except grpc.aio.AioRpcError as err:  # the account opens with the first event
-                assert err.code() == grpc.StatusCode.NOT_FOUND
-                return []
-            ids += [r.row_id for r in page.rows]
-            token = page.next_page_token
-            if not token:
-                return ids
 
-    ids = await eventually(all_rows, lambda ids: len(ids) == 25)
-    assert len(ids) == len(set(ids)) == 25
+async def test_an_adjustment_below_what_is_spent_leaves_the_budget_negative_and_is_published(
+        meter: ServiceProcess, stub: meter_pb2_grpc.MeterStub, db: asyncpg.Connection,
+        clean_bus: str) -> None:
+    await stub.CreateAccount(meter_pb2.CreateAccountRequest(tenant="acme",
+                                                            initial_credits="10"))
+    await publish_events(clean_bus, [wev("a", "acme", "j", 1, T0, gpus=1),
+                                     wev("f", "acme", "j", 3, T0 + 2_000_000_000, gpus=1)])
+    await eventually(lambda: count(db, "SELECT count(*) FROM ledger"), lambda n: n == 1)
+    resp = await stub.Adjust(meter_pb2.AdjustRequest(tenant="acme", amount="-9.5",
+                                                     adjust_id="cut-1", note="budget cut"))
+    again = await stub.Adjust(meter_pb2.AdjustRequest(tenant="acme", amount="-9.5",
+                                                      adjust_id="cut-1", note="budget cut"))
+    assert (resp.applied, again.applied) == (True, False)
+    assert (resp.runway.credits, resp.runway.charged, resp.runway.remaining) == (
+        "0.5", "2", "-1.5")
+    rows = await db.fetch("SELECT kind, amount FROM credits ORDER BY credit_id")
+    assert [(r["kind"], r["amount"]) for r in rows] == [("top_up", Decimal("10")),
+                                                        ("adjustment", Decimal("-9.5"))]
