@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
 
 from kestrel import bus
 from kestrel.clock import now_us
+from kestrel.cluster import PATHS as CLUSTER_PATHS
 from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
@@ -20,6 +22,7 @@ from kestrel.v1 import admission_pb2, admission_pb2_grpc
 from services.admission.consumers import Reevaluator, follow_runway, follow_workloads
 from services.admission.core import Admission
 from services.admission.domain import JobState
+from services.admission.kueue import RunwayCheckController
 from services.admission.servicer import AdmissionServicer
 from services.admission.store import AdmissionStore
 from services.admission.wire import job_admitted, state_changed
@@ -34,13 +37,17 @@ class AdmissionConfig:
     grpc_port: int
     metrics_port: int
     max_node_gpus: int
+    kubeconfig: str
+    runway_check: str
 
     @classmethod
     def from_env(cls) -> AdmissionConfig:
         return cls(Endpoints.from_env(), env_str("KESTREL_BIND_HOST", "127.0.0.1"),
                    env_int("KESTREL_ADMISSION_PORT", 50052),
                    env_int("KESTREL_ADMISSION_METRICS_PORT", 9152),
-                   env_int("KESTREL_MAX_NODE_GPUS", 8))
+                   env_int("KESTREL_MAX_NODE_GPUS", 8),
+                   env_str("KESTREL_KUBECONFIG", str(CLUSTER_PATHS.kubeconfig)),
+                   env_str("KESTREL_RUNWAY_CHECK", "kestrel-runway"))
 
 
 async def _every(seconds: float, stop: asyncio.Event, fn: object) -> None:
@@ -102,10 +109,19 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
                                                       server.server)
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
+    controller = None
+    if config.runway_check and os.path.exists(config.kubeconfig):  # noqa: ASYNC240
+        controller = RunwayCheckController(admission, config.kubeconfig, config.runway_check)
+        reeval.on_request = controller.wake.set
+        log.info("runway admission check %s on %s", config.runway_check, config.kubeconfig)
+    else:
+        log.info("runway admission check off (KESTREL_RUNWAY_CHECK empty or no kubeconfig)")
     tasks = [asyncio.create_task(follow_runway(js, reeval, stop)),
              asyncio.create_task(follow_workloads(js, admission, reeval, stop)),
              asyncio.create_task(_every(10, stop, refresh_prices)),
              asyncio.create_task(_every(5, stop, sweep_held))]
+    if controller is not None:
+        tasks.append(asyncio.create_task(controller.run(stop)))
     log.info("admission serving gRPC on %s", server.address)
     try:
         await stop.wait()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
@@ -31,8 +32,10 @@ class Reevaluator:
         self.admission = admission
         self.pending: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.on_request: Callable[[], None] = lambda: None  # e.g. wake the runway check
 
     def request(self, tenant: str) -> None:
+        self.on_request()
         if tenant in self.pending:
             return
         self.pending.add(tenant)

@@ -35,6 +35,7 @@ from services.admission.domain import (
     decide,
     releasable,
 )
+from services.admission.runway_check import Money
 from services.admission.store import AdmissionStore, Snapshot
 
 log = logging.getLogger("kestrel.admission")
@@ -135,6 +136,16 @@ class Admission:
             await self.store.release(spent, "allocation closed by the meter", self.clock())
             for jid in spent:
                 b.drop(jid)
+
+    async def money(self, tenant: str) -> Money | None:
+        """The tenant's figures from a fresh ledger snapshot (None: unknown tenant)."""
+        b = self.book(tenant)
+        async with b.lock:
+            policy, budget, spent = await self._budget(tenant, b)
+            await self._spend(b, spent)
+        if policy is None:
+            return None
+        return Money(budget.credits, budget.charged, budget.remaining)
 
     # --- decisions -----------------------------------------------------------
 

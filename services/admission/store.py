@@ -187,6 +187,11 @@ class AdmissionStore:
             WHERE x.reservation_id IS NULL""")
         return [(r["tenant"], r["reservation_id"], r["amount"], r["state"]) for r in rows]
 
+    async def get_many(self, job_ids: Sequence[str]) -> dict[str, JobRow]:
+        rows = await self.pool.fetch(
+            f"SELECT {JOB_COLS} FROM jobs WHERE job_id = ANY($1::text[])", list(job_ids))
+        return {r["job_id"]: job_row(r) for r in rows}
+
     async def held(self, tenant: str) -> list[JobRow]:
         rows = await self.pool.fetch(
             f"SELECT {JOB_COLS} FROM jobs WHERE tenant = $1 AND state = $2 "

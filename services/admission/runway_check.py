@@ -1,0 +1,114 @@
+"""The Kueue AdmissionCheck `kestrel.dev/runway`, decided as pure functions.
+
+Kueue reserves quota for a Workload, then asks its admission checks. This one
+answers from admission's own books:
+
+- Ready    — the job holds a reservation (admitted by Kestrel) and its tenant's
+             money is not spent: it may start.
+- Pending  — the job is HELD for budget, or its tenant's money is spent: it
+             waits, with the reason in `kubectl describe workload`.
+- Rejected — the job was cancelled or rejected: Kueue deactivates it.
+
+Workloads of jobs this admission does not know are left alone.
+
+Running work of a tenant whose money is spent (credits - charged <= 0, possible
+for open-ended work or when an operator lowers the budget) is deactivated
+(Workload spec.active=false) and metered to that instant.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+
+from kestrel.jobs import JobRow, JobState
+from kestrel.money import fmt
+
+
+class CheckState(enum.StrEnum):
+    READY = "Ready"
+    PENDING = "Pending"
+    RETRY = "Retry"
+    REJECTED = "Rejected"
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    namespace: str
+    name: str
+    job_id: str  # the owning Job's name; "" when not a Kestrel job
+    check_state: str  # our entry in status.admissionChecks ("" when absent)
+    check_message: str
+    admitted: bool  # Admitted condition True
+    active: bool  # spec.active
+    finished: bool
+
+
+@dataclass(frozen=True)
+class Money:
+    """A tenant's figures as admission sees them (from one ledger snapshot)."""
+
+    credits: Decimal
+    charged: Decimal
+    remaining: Decimal
+
+    @property
+    def spent(self) -> bool:
+        return self.credits - self.charged <= 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: CheckState
+    message: str
+
+
+LIVE = frozenset({JobState.ADMITTED, JobState.QUEUED, JobState.RUNNING})
+
+
+def verdict(job: JobRow, money: Money | None) -> Verdict:
+    if job.state.terminal:
+        return Verdict(CheckState.REJECTED, f"the Kestrel job is {job.state.name.lower()}")
+    if money is not None and money.spent:
+        return Verdict(CheckState.PENDING,
+                       f"tenant {job.tenant}'s budget is spent (credits {fmt(money.credits)}, "
+                       f"charged {fmt(money.charged)}); waits for a top-up")
+    if job.state is JobState.HELD:
+        return Verdict(CheckState.PENDING, f"held by Kestrel for budget: {job.reason}")
+    if job.state in LIVE:
+        left = f", {fmt(money.remaining)} remain" if money is not None else ""
+        return Verdict(CheckState.READY,
+                       f"reservation of {fmt(job.reserved)} credits held for this job{left}")
+    return Verdict(CheckState.PENDING, f"job is {job.state.name.lower()}")
+
+
+def changes(workloads: Iterable[WorkloadView], jobs: Mapping[str, JobRow],
+            money: Mapping[str, Money]) -> list[tuple[WorkloadView, Verdict]]:
+    """Workloads whose check entry must change, with the new verdict."""
+    out = []
+    for w in workloads:
+        if w.finished or not w.active:
+            continue
+        job = jobs.get(w.job_id)
+        if job is None:
+            continue
+        v = verdict(job, money.get(job.tenant))
+        if (v.state.value, v.message) != (w.check_state, w.check_message):
+            out.append((w, v))
+    return out
+
+
+def to_deactivate(workloads: Iterable[WorkloadView], jobs: Mapping[str, JobRow],
+                  money: Mapping[str, Money]) -> list[WorkloadView]:
+    """Admitted, active Workloads of tenants whose money is spent."""
+    out = []
+    for w in workloads:
+        job = jobs.get(w.job_id)
+        if job is None or not w.admitted or not w.active or w.finished:
+            continue
+        m = money.get(job.tenant)
+        if m is not None and m.spent:
+            out.append(w)
+    return out
