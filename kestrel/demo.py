@@ -1,10 +1,16 @@
-"""make demo: the ledger deciding live, end to end on real infrastructure.
+"""make demo: the runway loop on a real Kubernetes control plane.
 
-Brings up Postgres, NATS JetStream and Redis on loopback and the meter, then
-plays a scenario. Until the placer lands (issue 5), the workload events are
-published by this demo exactly as the placer will publish them: labelled
-SIMULATED PLACER wherever shown. Everything else is real: JetStream, the
-meter process, the append-only ledger in Postgres, the runway stream.
+Brings up the data plane (etcd, kube-apiserver, scheduler, controller-manager,
+Kueue, KWOK GPU nodes: built from the Go module registry on first use, cached),
+Postgres, NATS JetStream and Redis, and the meter, gateway, admission and placer.
+Then an operator creates two tenants, one with a large budget and one small;
+both submit GPU jobs; the small tenant's jobs are HELD when its budget is
+reserved, then released by a top-up. A live table shows runway, reservations and
+job states; the summary compares the ledger's GPU-seconds with gpus x elapsed
+recomputed from Kubernetes' own timestamps.
+
+GPUs are simulated (KWOK nodes): pods "run" for their declared duration. The
+control plane, Kueue quota, the ledger and the runway are real.
 
     python -m kestrel.demo [--keep]
 """
@@ -16,205 +22,264 @@ import asyncio
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 import asyncpg
-import grpc
 from rich.console import Console, Group
 from rich.live import Live
-from rich.panel import Panel
 from rich.table import Table
 
-from kestrel import bus
-from kestrel.clock import now_us
+from kestrel import cluster
 from kestrel.devstack import Stack, free_port
 from kestrel.procs import REPO, ServiceProcess
-from kestrel.v1 import common_pb2, events_pb2, meter_pb2, meter_pb2_grpc
+from kestrel.sdk import AsyncClient, Job, JobState, Runway
 
 _probe = Console()
-console = _probe if _probe.is_terminal else Console(width=110)
-# Demo prices (credits per GPU-second), high so budgets move within seconds.
+console = _probe if _probe.is_terminal else Console(width=120)
+TOKEN = "kso_demo-operator"
+# Demo prices, credits per GPU-second, high so that budgets move within seconds.
 PRICES = "gpu-h100=0.05,gpu-a10=0.015"
-REASONS = {v.number: v.name.removeprefix("RUNWAY_CHANGE_REASON_").lower()
-           for v in events_pb2.RunwayChangeReason.DESCRIPTOR.values}
 
 
 @dataclass(frozen=True)
-class Job:
+class Plan:
     tenant: str
-    wid: str
-    flavor: str
+    name: str
     gpus: int
-    at_s: float  # admitted this many seconds into the scenario
-    run_s: float  # then finished after this long
+    flavor: str
+    run_s: int  # simulated run time on the fake GPU node
+    max_s: int  # max_duration_s: the reservation's bound
+    at_s: float
 
 
-SCENARIO = [
-    Job("acme", "acme-train-1", "gpu-h100", 8, 0.0, 6.0),
-    Job("acme", "acme-eval-1", "gpu-a10", 4, 0.5, 9.0),
-    Job("acme", "acme-train-2", "gpu-h100", 2, 3.0, 5.0),
-    # 4 GPUs x 0.05 burn tiny's 1 credit in 5 s: exhausted at ~6 s, before its finish.
-    Job("tiny", "tiny-finetune-1", "gpu-h100", 4, 1.0, 6.0),
-    Job("tiny", "tiny-finetune-2", "gpu-a10", 2, 8.0, 3.0),
+TENANTS = {"acme": ("200", {"gpu-h100": 16, "gpu-a10": 16}),
+           "tiny": ("3", {"gpu-h100": 8, "gpu-a10": 8})}
+PLAN = [
+    Plan("acme", "pretrain", 8, "gpu-h100", 6, 10, 0.0),
+    Plan("acme", "eval", 4, "gpu-a10", 8, 10, 0.5),
+    Plan("acme", "sweep", 2, "gpu-h100", 4, 10, 1.0),
+    # tiny: 3 credits; each job reserves 2 GPUs x 10 s x 0.05 = 1 credit.
+    Plan("tiny", "finetune-1", 2, "gpu-h100", 3, 10, 0.0),
+    Plan("tiny", "finetune-2", 2, "gpu-h100", 3, 10, 0.3),
+    Plan("tiny", "finetune-3", 2, "gpu-h100", 3, 10, 0.6),
+    Plan("tiny", "finetune-4", 2, "gpu-h100", 3, 10, 0.9),   # no budget left: HELD
+    Plan("tiny", "too-big", 8, "gpu-h100", 5, 10, 1.2),      # 4 > 3 credits: REJECTED
 ]
-CREDITS = {"acme": "100", "tiny": "1"}
-TOP_UP_AT_S, TOP_UP = 7.0, ("tiny", "2")
+TOP_UP_AT_S, TOP_UP = 5.0, ("tiny", "2")
 
 
-@dataclass
-class View:
-    runway: dict[str, events_pb2.RunwayChanged] = field(default_factory=dict)
-    log: list[str] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
+class Demo:
+    def __init__(self, gateway: str) -> None:
+        self.op = AsyncClient(gateway, operator_token=TOKEN)
+        self.clients: dict[str, AsyncClient] = {}
+        self.jobs: dict[str, Job] = {}
+        self.runways: dict[str, Runway] = {}
+        self.log: list[str] = []
+        self.t0 = time.monotonic()
 
     def note(self, text: str) -> None:
-        self.log.append(f"[dim]{time.monotonic() - self.started:5.1f}s[/dim] {text}")
-        del self.log[:-8]
+        self.log.append(f"[dim]{time.monotonic() - self.t0:5.1f}s[/dim] {text}")
+        del self.log[:-7]
+
+    async def setup(self) -> None:
+        for tenant, (credits, quota) in TENANTS.items():
+            await self.op.create_tenant(tenant, gpu_quota=quota, rate_per_s=100, burst=200,
+                                        initial_credits=credits)
+            key = await self.op.create_api_key(tenant, "demo")
+            self.clients[tenant] = AsyncClient(self.op.address, api_key=key.secret)
+            self.note(f"operator: tenant [b]{tenant}[/b] with {credits} credits, quota {quota}")
+
+    async def submit(self, p: Plan) -> None:
+        await asyncio.sleep(max(0.0, p.at_s - (time.monotonic() - self.t0)))
+        job = await self.clients[p.tenant].submit_job(
+            name=p.name, gpus=p.gpus, max_duration_s=p.max_s, flavor=p.flavor,
+            sim_duration_s=p.run_s)
+        self.jobs[job.job_id] = job
+        self.note(f"{p.tenant}: {p.name} ({p.gpus}x {p.flavor}) -> [b]{job.state.value}[/b]"
+                  f" {job.reason[:70]}")
+
+    async def top_up(self) -> None:
+        await asyncio.sleep(TOP_UP_AT_S)
+        tenant, amount = TOP_UP
+        await self.op.top_up(tenant, amount, top_up_id=f"demo-{tenant}")
+        self.note(f"operator: top-up of {amount} credits for [b]{tenant}[/b]")
+
+    async def refresh(self) -> None:
+        for tenant, c in self.clients.items():
+            self.runways[tenant] = await c.runway()
+            async for job in c.list_jobs():
+                old = self.jobs.get(job.job_id)
+                if old is not None and old.state != job.state:
+                    self.note(f"{tenant}: {job.spec.name} {old.state.value} -> "
+                              f"[b]{job.state.value}[/b]"
+                              + (f" on {job.flavor}" if job.state is JobState.QUEUED else ""))
+                self.jobs[job.job_id] = job
+
+    def done(self) -> bool:
+        return len(self.jobs) == len(PLAN) and all(j.state.terminal for j in self.jobs.values())
 
     def render(self) -> Group:
-        t = Table(title="runway, live from kestrel.runway.> (figures from ledger rows)")
-        for col in ("tenant", "credits", "charged", "remaining", "burn/s", "runway",
-                    "GPUs", "last change"):
-            t.add_column(col, justify="right")
-        for tenant, msg in sorted(self.runway.items()):
-            r = msg.runway
-            runway = "∞" if r.unlimited else f"{r.runway_s:,.1f}s"
-            style = "red" if Decimal(r.remaining) <= 0 else ""
-            t.add_row(tenant, r.credits, f"{Decimal(r.charged):.4f}",
-                      f"[{style}]{Decimal(r.remaining):.4f}[/{style}]" if style
-                      else f"{Decimal(r.remaining):.4f}", r.burn_per_s, runway,
-                      str(r.running_gpus), REASONS.get(msg.reason, "?"))
-        return Group(t, Panel("\n".join(self.log) or "starting", title="events",
-                              border_style="dim"))
+        r = Table(title="runway (from the ledger, live)")
+        for col in ("tenant", "credits", "charged", "reserved", "remaining", "burn/s",
+                    "runway", "GPUs"):
+            r.add_column(col, justify="right")
+        for tenant, w in sorted(self.runways.items()):
+            r.add_row(tenant, f"{w.credits}", f"{w.charged:.4f}", f"{w.reserved:.4f}",
+                      f"{w.remaining:.4f}", f"{w.burn_per_s}",
+                      "∞" if w.unlimited else f"{w.runway_s or 0:,.1f}s", str(w.running_gpus))
+        j = Table(title="jobs (GPU nodes simulated by KWOK; Kubernetes and Kueue real)")
+        for col in ("tenant", "job", "GPUs", "state", "flavor", "reserved"):
+            j.add_column(col)
+        for job in sorted(self.jobs.values(), key=lambda x: (x.tenant, x.created_us)):
+            j.add_row(job.tenant, job.spec.name, str(job.spec.gpus), job.state.value,
+                      job.flavor or "-", f"{job.reserved}")
+        return Group(r, j, *self.log)
+
+    async def close(self) -> None:
+        for c in (*self.clients.values(), self.op):
+            await c.close()
 
 
-async def play(stack: Stack, meter_addr: str, view: View, live: Live) -> dict[str, int]:
-    nc = await bus.connect(stack.nats_url, "demo")
-    js = nc.jetstream()
+def k8s_gpu_seconds(tenants: list[str]) -> dict[str, Decimal]:
+    """gpus x (end - start) per job from the Workloads' own condition timestamps."""
+    from kubernetes import client as k8s
 
-    async def on_runway(msg: object) -> None:
-        m = events_pb2.RunwayChanged.FromString(msg.data)  # type: ignore[attr-defined]
-        view.runway[m.runway.tenant] = m
-        if m.reason in (events_pb2.RUNWAY_CHANGE_REASON_THRESHOLD_50,
-                        events_pb2.RUNWAY_CHANGE_REASON_THRESHOLD_10,
-                        events_pb2.RUNWAY_CHANGE_REASON_EXHAUSTED):
-            view.note(f"[yellow]meter: {m.runway.tenant} {REASONS[m.reason]}[/yellow] "
-                      f"(remaining {Decimal(m.runway.remaining):.4f})")
-        live.update(view.render())
-
-    await nc.subscribe("kestrel.runway.>", cb=on_runway)
-    async with grpc.aio.insecure_channel(meter_addr) as ch:
-        meter = meter_pb2_grpc.MeterStub(ch)
-        for tenant, credits in CREDITS.items():
-            await meter.CreateAccount(meter_pb2.CreateAccountRequest(
-                tenant=tenant, initial_credits=credits))
-            view.note(f"operator: account [b]{tenant}[/b] opened with {credits} credits")
-
-        elapsed_us: dict[str, int] = {}
-        t0 = time.monotonic()
-
-        async def publish(job: Job, typ: int, name: str, at: int) -> None:
-            e = events_pb2.WorkloadEvent(
-                event_id=f"{job.wid}-{name}", tenant=job.tenant, workload_id=job.wid,
-                kind=common_pb2.WORKLOAD_KIND_JOB, type=typ,  # type: ignore[arg-type]
-                time_us=at, flavor=job.flavor, gpus=job.gpus)
-            await bus.publish(js, bus.subject_workload(job.tenant, name), e, e.event_id)
-
-        async def run_job(job: Job) -> None:
-            await asyncio.sleep(max(0.0, job.at_s - (time.monotonic() - t0)))
-            start = now_us()
-            await publish(job, 1, "admitted", start)
-            view.note(f"SIMULATED PLACER: {job.wid} admitted, {job.gpus}x {job.flavor}")
-            await asyncio.sleep(job.run_s)
-            end = now_us()
-            await publish(job, 3, "finished", end)
-            elapsed_us[job.wid] = job.gpus * (end - start)
-            view.note(f"SIMULATED PLACER: {job.wid} finished after {(end - start) / 1e6:.2f}s")
-
-        async def top_up() -> None:
-            await asyncio.sleep(TOP_UP_AT_S)
-            tenant, amount = TOP_UP
-            await meter.TopUp(meter_pb2.TopUpRequest(tenant=tenant, amount=amount,
-                                                     top_up_id=f"demo-{tenant}-1"))
-            view.note(f"operator: top-up of {amount} credits for [b]{tenant}[/b]")
-
-        await asyncio.gather(*(run_job(j) for j in SCENARIO), top_up())
-        await asyncio.sleep(1.5)  # a tick or two after the last finish
-    await nc.close()
-    return elapsed_us
+    custom: Any = k8s.CustomObjectsApi(cluster.api_client())
+    out: dict[str, Decimal] = {}
+    for tenant in tenants:
+        items = custom.list_namespaced_custom_object(
+            cluster.KUEUE_GROUP, cluster.KUEUE_API_VERSION, f"kestrel-{tenant}",
+            "workloads")["items"]
+        for w in items:
+            conds = {c["type"]: c for c in w.get("status", {}).get("conditions", [])}
+            start = conds.get("Admitted")
+            end = conds.get("Finished") or conds.get("Evicted")
+            if not start or start["status"] != "True" or not end:
+                continue
+            gpus = sum(int(ps["count"]) * int(c["resources"]["requests"]["nvidia.com/gpu"])
+                       for ps in w["spec"]["podSets"]
+                       for c in ps["template"]["spec"]["containers"])
+            secs = _ts(end["lastTransitionTime"]) - _ts(start["lastTransitionTime"])
+            job_id = next(o["name"] for o in w["metadata"]["ownerReferences"])
+            out[job_id] = Decimal(gpus * secs)
+    return out
 
 
-async def summary(stack: Stack, elapsed_us: dict[str, int]) -> bool:
+def _ts(text: str) -> int:
+    import datetime as dt
+
+    return int(dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
+
+
+async def summary(stack: Stack, demo: Demo) -> bool:
     db = await asyncpg.connect(stack.postgres_dsn)
-    rows = await db.fetch("""
-        SELECT l.tenant, l.workload_id, sum(l.gpu_us) AS gpu_us, sum(l.cost) AS cost,
-               count(*) AS n
-        FROM ledger l GROUP BY l.tenant, l.workload_id""")
-    credits = {r["tenant"]: r["s"] for r in await db.fetch(
-        "SELECT tenant, sum(amount) s FROM credits GROUP BY tenant")}
+    ledger = {r["workload_id"]: (Decimal(int(r["g"])) / 1_000_000, r["c"]) for r in await db.fetch(
+        "SELECT workload_id, sum(gpu_us) g, sum(cost) c FROM ledger GROUP BY workload_id")}
+    # Decisions, from admission's append-only transitions: a job counts once per state.
+    ever = {(r["tenant"], r["to_state"]): r["n"] for r in await db.fetch(
+        "SELECT tenant, to_state, count(DISTINCT job_id) n FROM job_transitions "
+        "GROUP BY tenant, to_state")}
     await db.close()
-    t = Table(title="summary per tenant (ledger rows vs gpus x elapsed of the events)")
-    for col in ("tenant", "jobs", "ledger rows", "GPU-s (ledger)", "GPU-s (recomputed)",
-                "equal", "spend", "credits", "spend beyond credits"):
+    k8s = await asyncio.to_thread(k8s_gpu_seconds, sorted(TENANTS))
+    t = Table(title="summary per tenant: the ledger vs Kubernetes")
+    for col in ("tenant", "admitted", "held", "rejected", "GPU-s (ledger)", "GPU-s (k8s)",
+                "equal", "spend", "overrun"):
         t.add_column(col, justify="right")
-    all_equal = True
-    for tenant in sorted(CREDITS):
-        mine = [r for r in rows if r["tenant"] == tenant]
-        ledger_s = Decimal(sum(int(r["gpu_us"]) for r in mine)) / 1_000_000
-        recomputed_s = Decimal(sum(v for k, v in elapsed_us.items()
-                                   if k.startswith(tenant + "-"))) / 1_000_000
-        spend = sum((r["cost"] for r in mine), Decimal(0))
-        equal = ledger_s == recomputed_s
-        all_equal &= equal
-        # The meter only measures and signals; it stops nothing. Admission (issue 4)
-        # makes this zero by construction, reserving gpus x max_duration before work.
-        overrun = max(Decimal(0), spend - credits.get(tenant, Decimal(0)))
-        t.add_row(tenant, str(len(mine and {r["workload_id"] for r in mine})),
-                  str(sum(int(r["n"]) for r in mine)), f"{ledger_s:.6f}", f"{recomputed_s:.6f}",
-                  "[green]yes[/green]" if equal else "[red]NO[/red]", f"{spend:.6f}",
-                  f"{credits.get(tenant, 0):.2f}", f"{overrun:.6f}")
+    ok = True
+    for tenant in sorted(TENANTS):
+        jobs = [j for j in demo.jobs.values() if j.tenant == tenant]
+        admitted, held, rejected = (ever.get((tenant, s), 0) for s in (2, 1, 9))
+        g_ledger = sum((ledger.get(j.job_id, (Decimal(0), Decimal(0)))[0] for j in jobs),
+                       Decimal(0))
+        g_k8s = sum((k8s.get(j.job_id, Decimal(0)) for j in jobs), Decimal(0))
+        spend = sum((ledger.get(j.job_id, (Decimal(0), Decimal(0)))[1] for j in jobs),
+                    Decimal(0))
+        overrun = sum((max(Decimal(0), ledger.get(j.job_id, (0, Decimal(0)))[1] - j.reserved)
+                       for j in jobs), Decimal(0))
+        equal = abs(g_ledger - g_k8s) < Decimal("0.0001")
+        ok &= equal and overrun == 0
+        t.add_row(tenant, str(admitted), str(held), str(rejected), f"{g_ledger:.6f}",
+                  f"{g_k8s:.6f}", "[green]yes[/green]" if equal else "[red]NO[/red]",
+                  f"{spend:.6f}", f"{overrun:.6f}")
     console.print(t)
-    return all_equal
+    return ok
 
 
 async def main_async(keep: bool) -> int:
+    console.rule("[bold]Kestrel demo[/bold]: the usage ledger decides, live")
+    was_up = await asyncio.to_thread(cluster.is_up)
+    console.print("data plane: etcd, kube-apiserver, scheduler, controller-manager, Kueue, "
+                  "KWOK GPU nodes (first run builds them from the Go module registry) …")
+    info = await asyncio.to_thread(
+        cluster.ensure_cluster, lambda s: console.print(f"  [dim]cluster[/dim] {s}"))
     root = REPO / ".run" / "demo"
     shutil.rmtree(root, ignore_errors=True)
     stack = Stack(root, durable=True)
-    console.rule("[bold]Kestrel demo[/bold]: the usage ledger, live")
-    console.print("starting Postgres, NATS JetStream and Redis on 127.0.0.1 …")
-    meter: ServiceProcess | None = None
+    procs: list[ServiceProcess] = []
+    demo: Demo | None = None
     try:
+        console.print("infrastructure: Postgres, NATS JetStream, Redis on 127.0.0.1 …")
         await asyncio.to_thread(stack.up)
-        port = free_port()
-        meter = ServiceProcess("meter", {**stack.env(), "KESTREL_METER_PORT": str(port),
-                                         "KESTREL_METER_METRICS_PORT": str(free_port()),
-                                         "KESTREL_PRICES": PRICES, "KESTREL_METER_TICK_S": "0.5",
-                                         "KESTREL_LOG_LEVEL": "WARNING"},
-                               f"127.0.0.1:{port}", root / "meter.log")
-        await asyncio.to_thread(meter.start)
-        console.print(f"meter serving on {meter.grpc_address}; demo prices {PRICES} "
-                      "credits per GPU-second")
-        view = View()
-        with Live(view.render(), console=console, refresh_per_second=8) as live:
-            elapsed = await play(stack, meter.grpc_address, view, live)
-        ok = await summary(stack, elapsed)
-        if keep:
-            console.print(f"left running (--keep): {stack.env()}; meter {meter.grpc_address}")
-            meter = None
+        ports = {n: free_port() for n in ("meter", "gateway", "admission", "placer")}
+        env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_PRICES": PRICES,
+               "KESTREL_METER_TICK_S": "0.5", "KESTREL_LOG_LEVEL": "WARNING",
+               "KESTREL_KUBECONFIG": str(info.kubeconfig),
+               **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
+               **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in ports.items()},
+               **{f"KESTREL_{n.upper()}_METRICS_PORT": "0" for n in ports}}
+        for name in ("meter", "gateway", "admission", "placer"):
+            proc = ServiceProcess(name, env, f"127.0.0.1:{ports[name]}", root / f"{name}.log")
+            await asyncio.to_thread(proc.start)
+            procs.append(proc)
+        console.print(f"services: meter, gateway, admission, placer (logs in {root}); "
+                      f"demo prices {PRICES} credits per GPU-second")
+        demo = Demo(f"127.0.0.1:{ports['gateway']}")
+        await demo.setup()
+        with Live(demo.render(), console=console, refresh_per_second=4) as live:
+            work = asyncio.gather(*(demo.submit(p) for p in PLAN), demo.top_up())
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                await demo.refresh()
+                live.update(demo.render())
+                if work.done() and demo.done():
+                    break
+                await asyncio.sleep(0.5)
+            await work
+        await asyncio.sleep(1.5)  # the last ticks and closes reach the ledger
+        ok = await summary(stack, demo)
+        if not demo.done():
+            console.print("[red]not every job finished within 180 s[/red]")
+            ok = False
         return 0 if ok else 1
     finally:
-        if meter is not None:
-            meter.stop()
-        if not keep:
+        if demo is not None:
+            await demo.close()
+        if keep:
+            console.print(f"left running (--keep): gateway 127.0.0.1:{ports['gateway']}, "
+                          f"operator token {TOKEN}; {stack.env()}")
+        else:
+            for p in reversed(procs):
+                p.stop()
+            await asyncio.to_thread(cleanup_tenants, sorted(TENANTS))
             await asyncio.to_thread(stack.destroy)
+            if not was_up:
+                await asyncio.to_thread(cluster.down, lambda s: None)
+
+
+def cleanup_tenants(tenants: list[str]) -> None:
+    for tenant in tenants:
+        cluster.kubectl("delete", "namespace", f"kestrel-{tenant}", "--wait=false",
+                        "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "clusterqueue", f"kestrel-{tenant}", "--ignore-not-found",
+                        check=False)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--keep", action="store_true", help="leave the stack running")
+    ap.add_argument("--keep", action="store_true", help="leave everything running")
     sys.exit(asyncio.run(main_async(ap.parse_args().keep)))
 
 

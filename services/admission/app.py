@@ -81,9 +81,11 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
         now = now_us()
         sends = [bus.publish(js, bus.subject_job_state(row.tenant), state_changed(row, prev, now),
                              f"state-{row.job_id}-{int(row.state)}")]
-        if row.state is JobState.ADMITTED:
+        if row.state in (JobState.ADMITTED, JobState.HELD):
+            # Both go to the placer: a HELD job waits in Kubernetes at the runway check
+            # (Pending, its reason in `kubectl describe workload`) until it is admitted.
             sends.append(bus.publish(js, bus.subject_job_admitted(row.tenant), job_admitted(row),
-                                     f"admitted-{row.job_id}"))
+                                     f"place-{row.job_id}-{int(row.state)}"))
         try:
             await asyncio.gather(*sends)
         except Exception as exc:  # the job is committed; a restart republishes admissions
@@ -92,7 +94,7 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
     admission = Admission(store, publish, max_node_gpus=config.max_node_gpus)
     await admission.load()
     for row in await store.admitted_not_placed():  # crash between commit and publish
-        await publish(row, JobState.ADMITTED)
+        await publish(row, row.state)
     reeval = Reevaluator(admission)
 
     async def refresh_prices() -> None:

@@ -203,6 +203,7 @@ class AdmissionStore:
             "SELECT DISTINCT tenant FROM jobs WHERE state = $1", int(JobState.HELD))]
 
     async def admitted_not_placed(self) -> list[JobRow]:
-        rows = await self.pool.fetch(f"SELECT {JOB_COLS} FROM jobs WHERE state = $1",
-                                     int(JobState.ADMITTED))
+        """Jobs the placer may not have heard of (it acknowledges by reporting QUEUED)."""
+        rows = await self.pool.fetch(f"SELECT {JOB_COLS} FROM jobs WHERE state = ANY($1)",
+                                     [int(JobState.ADMITTED), int(JobState.HELD)])
         return [job_row(r) for r in rows]
