@@ -31,10 +31,18 @@ from kestrel import cluster as kc
 from kestrel.clock import now_us
 from kestrel.devstack import free_port
 from kestrel.procs import ServiceProcess
-from kestrel.v1 import common_pb2, events_pb2, placer_pb2, placer_pb2_grpc
+from kestrel.v1 import (
+    common_pb2,
+    events_pb2,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    placer_pb2,
+    placer_pb2_grpc,
+)
 from services.gateway.store import GatewayStore
 from services.meter.store import MeterStore
 from services.placer.lifecycle import condition, time_us
+from tests.conftest import OPERATOR_TOKEN, Plane
 
 pytestmark = pytest.mark.e2e
 
@@ -63,21 +71,28 @@ def _apis(api: Any) -> tuple[Any, Any, Any]:
     return client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
 
 
-async def wait_for(what: str, fn: Callable[[], Awaitable[T | None] | T | None],
-                   timeout_s: float = WAIT_S) -> T:
-    """Poll `fn` (sync or async) until it returns something truthy; return it."""
+async def wait_until(what: str, fn: Callable[[], Awaitable[T | None]],
+                     timeout_s: float = WAIT_S) -> T:
+    """Poll the coroutine function `fn` until it returns something truthy; return it."""
     deadline = time.monotonic() + timeout_s
     delay = 0.1
     while True:
-        value = fn()
-        if asyncio.iscoroutine(value):
-            value = await value
+        value = await fn()
         if value:
-            return value  # type: ignore[return-value]
+            return value
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         await asyncio.sleep(delay)
         delay = min(delay * 1.5, 1.0)
+
+
+async def wait_for(what: str, fn: Callable[[], T | None], timeout_s: float = WAIT_S) -> T:
+    """Poll `fn` until it returns something truthy; return it."""
+
+    async def call() -> T | None:
+        return fn()
+
+    return await wait_until(what, call, timeout_s)
 
 
 class Events:
@@ -431,3 +446,50 @@ async def test_deactivated_workload_is_evicted_then_a_readmission_is_a_new_alloc
     assert [e.event_id for e in harness.events.of(job_id) if e.workload_id == job_id
             and e.type in (FINISHED, FAILED, EVICTED)] == [f"{job_id}:evicted"]
     assert harness.proc is not None and harness.proc.stop() == 0  # SIGTERM drains and exits
+
+
+async def test_whole_loop_ledger_equals_gpus_times_kubernetes_time(
+        harness: Harness, plane: Plane) -> None:
+    """Gateway -> admission -> placer -> Kueue -> meter: the ledger's GPU-time of a job is
+    exactly gpus x (Finished - QuotaReserved) of its Workload, and admission follows it."""
+    harness.start()
+    tenant = f"loop{uuid.uuid4().hex[:6]}"
+    harness.tenants.append(tenant)
+    op = (("authorization", f"Bearer {OPERATOR_TOKEN}"),)
+    async with grpc.aio.insecure_channel(plane.address("gateway")) as channel:
+        gw = gateway_pb2_grpc.GatewayStub(channel)
+        await gw.CreateTenant(gateway_pb2.CreateTenantRequest(
+            tenant=gateway_pb2.Tenant(tenant=tenant, gpu_quota={"gpu-h100": 4, "gpu-a10": 4},
+                                      rate_limit=gateway_pb2.RateLimit(per_s=100, burst=100)),
+            initial_credits="1000"), metadata=op)
+        secret = (await gw.CreateApiKey(gateway_pb2.CreateApiKeyRequest(
+            tenant=tenant, name="e2e"), metadata=op)).secret
+        key = (("authorization", f"Bearer {secret}"),)
+        job = (await gw.SubmitJob(gateway_pb2.SubmitJobRequest(spec=common_pb2.JobSpec(
+            name="loop", gpus=2, max_duration_s=30, sim_duration_s=2)), metadata=key)).job
+
+        async def succeeded() -> common_pb2.Job | None:
+            got: common_pb2.Job = (await gw.GetJob(gateway_pb2.GetJobRequest(
+                job_id=job.job_id), metadata=key)).job
+            return got if got.state == common_pb2.JOB_STATE_SUCCEEDED else None
+
+        done = await wait_until("the job SUCCEEDED in admission", succeeded)
+    assert done.flavor == "gpu-h100" and "dearest flavor that fits" in done.flavor_reason
+    wl = harness.workload(tenant, job.job_id)
+    assert wl is not None
+    reserved, finished = condition(wl, "QuotaReserved"), condition(wl, "Finished")
+    assert reserved is not None and finished is not None
+    want = 2 * (time_us(finished["lastTransitionTime"]) - time_us(reserved["lastTransitionTime"]))
+
+    async def ledger_closed() -> int | None:
+        conn = await asyncpg.connect(harness.dsn)
+        try:
+            row = await conn.fetchrow(
+                "SELECT a.status, (SELECT coalesce(sum(gpu_us), 0) FROM ledger l "
+                "WHERE l.workload_id = a.workload_id) AS gpu_us "
+                "FROM allocations a WHERE a.workload_id = $1", job.job_id)
+        finally:
+            await conn.close()
+        return int(row["gpu_us"]) if row is not None and row["status"] == 2 else None
+
+    assert await wait_until("the allocation closed in the ledger", ledger_closed) == want
