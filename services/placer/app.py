@@ -97,7 +97,7 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     halt = threading.Event()
     emit = placer.feed(loop)
     for kind in KINDS:
-        Watcher(config.kubeconfig, kind, emit, halt,
+        Watcher(lambda: Kube(config.kubeconfig), kind, emit, halt,
                 on_relist=lambda k: relists.labels(k).inc()).start()
     tasks = [asyncio.create_task(placer.run_observer(stop), name="observer")]
     runway_ready = asyncio.Event()

@@ -178,10 +178,11 @@ class Watcher(threading.Thread):
     """List, then watch from the list's resourceVersion; relist on 410 Gone (or any
     broken watch that cannot resume). Every list is emitted whole as RELIST."""
 
-    def __init__(self, kubeconfig: str, kind: str, emit: Emit, stop: threading.Event,
-                 timeout_s: int = 50, on_relist: Callable[[str], None] = lambda k: None) -> None:
+    def __init__(self, connect: Callable[[], Kube], kind: str, emit: Emit,
+                 stop: threading.Event, timeout_s: int = 50,
+                 on_relist: Callable[[str], None] = lambda k: None) -> None:
         super().__init__(name=f"watch-{kind}", daemon=True)
-        self.kubeconfig = kubeconfig
+        self.connect = connect  # a client of its own per thread
         self.kind = kind
         self.emit = emit
         self.stop = stop
@@ -194,7 +195,7 @@ class Watcher(threading.Thread):
         while not self.stop.is_set():
             try:
                 if kube is None:
-                    kube = Kube(self.kubeconfig)
+                    kube = self.connect()
                 items, rv = kube.list_raw(self.kind)
                 self.emit(self.kind, "RELIST", items)
                 self.on_relist(self.kind)

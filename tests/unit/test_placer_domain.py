@@ -3,15 +3,19 @@ Kubernetes objects imply (over dicts shaped like what the apiserver serves)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, cast
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from services.placer import manifests
 from services.placer.core import Placer, PlacerSettings, key_of
 from services.placer.domain import FlavorAsk, RunwayView, choose_flavor, short_because
+from services.placer.kube import Watcher
 from services.placer.lifecycle import (
     Derived,
     EventType,
@@ -362,3 +366,37 @@ async def test_a_relist_without_a_workload_that_held_quota_closes_it() -> None:
     await placer.observe_now("workload", "RELIST", [])
     assert rec.ids == [f"{JOB}:admitted", f"{JOB}:failed"]
     assert placer.views == {}
+
+
+class FlakyWatchKube:
+    """Lists at resourceVersion 10, then 20; the first watch answers 410 Gone."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.lists = 0
+        self.watched_from: list[str] = []
+
+    def list_raw(self, kind: str) -> tuple[list[dict[str, Any]], str]:
+        self.lists += 1
+        return [{"metadata": {"name": f"w{self.lists}"}}], str(self.lists * 10)
+
+    def watch_raw(self, kind: str, rv: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+        self.watched_from.append(rv)
+        if len(self.watched_from) == 1:
+            raise ApiException(status=410, reason="Expired")
+        yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "21"}}}
+        yield {"type": "MODIFIED", "object": {"metadata": {"name": "w2",
+                                                           "resourceVersion": "22"}}}
+        self.stop.set()
+
+
+def test_a_watch_that_answers_410_gone_is_relisted_and_resumed_from_the_new_list() -> None:
+    stop = threading.Event()
+    fake = FlakyWatchKube(stop)
+    seen: list[tuple[str, str, Any]] = []
+    watcher = Watcher(lambda: cast(Any, fake), "workload",
+                      lambda k, t, o: seen.append((k, t, o)), stop)
+    watcher.run()  # in this thread: returns once the fake sets stop
+    assert fake.lists == 2 and fake.watched_from == ["10", "20"]
+    assert [t for _, t, _ in seen] == ["RELIST", "RELIST", "MODIFIED"]
+    assert seen[-1][2]["metadata"]["name"] == "w2"  # bookmarks are not emitted
