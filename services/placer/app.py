@@ -103,8 +103,20 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     runway_ready = asyncio.Event()
     tasks.append(asyncio.create_task(follow_runway(js, placer, stop, runway_ready),
                                      name="runway"))
-    await runway_ready.wait()
-    await placer.synced.wait()  # every implied event of what exists is being published
+    # Serve once the runway of every tenant is known and every event implied by what
+    # exists in Kubernetes is out; a SIGTERM meanwhile still stops the process.
+    for ready in (runway_ready, placer.synced):
+        await asyncio.wait([asyncio.create_task(ready.wait()),
+                            asyncio.create_task(stop.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        halt.set()
+        for t in tasks:
+            t.cancel()
+        await nc.close()
+        await pool.close()
+        log.info("stopped before serving")
+        return
 
     server = Server(config.host, config.grpc_port,
                     [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name])
