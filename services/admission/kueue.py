@@ -1,23 +1,25 @@
 """Transport: the runway AdmissionCheck controller against the real Kueue.
 
-A level-triggered loop: every half second (sooner when a runway changes) it
-lists Workloads, asks the pure `runway_check` what each check entry and each
-`spec.active` should be, and patches only what differs. It also keeps the
-AdmissionCheck's Active condition True, or Kueue would deactivate the
-ClusterQueues that name it.
+A watch keeps a cache of the Workloads that carry our check (list, then watch
+from its resourceVersion; a 410 Gone relists). Changed Workloads are decided at
+once; every Workload again when a runway changes and every few seconds. The
+pure `runway_check` says what each check entry and `spec.active` should be;
+only differences are patched. It also keeps the AdmissionCheck's Active
+condition True, or Kueue would deactivate the ClusterQueues that name it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any, cast
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from kestrel.cluster import KUEUE_API_VERSION, KUEUE_GROUP
@@ -63,10 +65,25 @@ class Kueue:
         new_client = cast(Callable[..., Any], k8s_config.new_client_from_config)
         self.custom: Any = k8s.CustomObjectsApi(new_client(config_file=kubeconfig))
 
-    def workloads(self) -> list[dict[str, Any]]:
+    def workloads(self) -> tuple[list[dict[str, Any]], str]:
         resp = self.custom.list_cluster_custom_object(KUEUE_GROUP, KUEUE_API_VERSION,
                                                       "workloads")
-        return list(resp.get("items", []))
+        return list(resp.get("items", [])), str(resp["metadata"]["resourceVersion"])
+
+    def watch(self, resource_version: str, stop: threading.Event,
+              emit: Callable[[str, dict[str, Any]], object]) -> None:
+        """Stream Workload events from resource_version until stop or an error."""
+        w: Any = cast(Callable[[], Any], k8s_watch.Watch)()
+        for event in w.stream(self.custom.list_cluster_custom_object, KUEUE_GROUP,
+                              KUEUE_API_VERSION, "workloads",
+                              resource_version=resource_version, timeout_seconds=60):
+            if stop.is_set():
+                w.stop()
+                return
+            if event["type"] == "ERROR":
+                raise ApiException(status=event["object"].get("code", 500),
+                                   reason=str(event["object"].get("message")))
+            emit(event["type"], event["object"])
 
     def set_check(self, w: WorkloadView, check: str, v: Verdict) -> None:
         obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
@@ -105,33 +122,84 @@ class Kueue:
 
 class RunwayCheckController:
     def __init__(self, admission: Admission, kubeconfig: str, check: str,
-                 period_s: float = 0.5) -> None:
+                 full_pass_s: float = 5.0) -> None:
         self.admission = admission
         self.kubeconfig = kubeconfig
         self.check = check
-        self.period_s = period_s
-        self.wake = asyncio.Event()
+        self.full_pass_s = full_pass_s
+        self.wake = asyncio.Event()  # set: decide every cached Workload again
+        self.views: dict[str, WorkloadView] = {}
+        self.dirty: set[str] = set()
+        self.changed = asyncio.Event()
         self.deactivated: set[str] = set()
+
+    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+        """On the event loop: one watch event into the cache."""
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        v = view(obj, self.check) if kind != "DELETED" else None
+        if v is None:
+            self.views.pop(key, None)
+            return
+        self.views[key] = v
+        self.dirty.add(key)
+        self.changed.set()
+
+    def _watch_forever(self, kueue: Kueue, loop: asyncio.AbstractEventLoop,
+                       stop: threading.Event) -> None:
+        """In a thread: list, then watch; relist on 410 Gone or any break."""
+        while not stop.is_set():
+            try:
+                items, rv = kueue.workloads()
+                loop.call_soon_threadsafe(self._replace_all, items)
+                while not stop.is_set():
+                    kueue.watch(rv, stop, lambda k, o: loop.call_soon_threadsafe(
+                        self._apply, k, o))
+                    items, rv = kueue.workloads()  # the watch timed out: resync
+                    loop.call_soon_threadsafe(self._replace_all, items)
+            except Exception as exc:  # 410 Gone, apiserver restarts: relist
+                log.info("workload watch restarts: %s", exc)
+                stop.wait(0.5)
+
+    def _replace_all(self, items: list[dict[str, Any]]) -> None:
+        views = {f"{v.namespace}/{v.name}": v for o in items
+                 if (v := view(o, self.check)) is not None}
+        self.views = views
+        self.dirty |= set(views)
+        self.changed.set()
 
     async def run(self, stop: asyncio.Event) -> None:
         kueue = await asyncio.to_thread(Kueue, self.kubeconfig)
-        active_at = 0.0
+        halt = threading.Event()
+        watcher = threading.Thread(target=self._watch_forever, name="workload-watch",
+                                   args=(kueue, asyncio.get_running_loop(), halt), daemon=True)
+        watcher.start()
         loop = asyncio.get_running_loop()
-        while not stop.is_set():
-            try:
-                if loop.time() - active_at > 10 and await asyncio.to_thread(
-                        kueue.keep_active, self.check):
-                    active_at = loop.time()
-                await self.reconcile(kueue)
-            except Exception as exc:
-                log.warning("runway check reconcile failed: %s", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=self.period_s)
-            self.wake.clear()
+        active_at = full_at = 0.0
+        try:
+            while not stop.is_set():
+                try:
+                    if loop.time() - active_at > 10 and await asyncio.to_thread(
+                            kueue.keep_active, self.check):
+                        active_at = loop.time()
+                    if self.wake.is_set() or loop.time() - full_at > self.full_pass_s:
+                        self.wake.clear()
+                        full_at = loop.time()
+                        self.dirty |= set(self.views)
+                    keys, self.dirty = self.dirty, set()
+                    await self.reconcile(kueue, [self.views[k] for k in keys
+                                                 if k in self.views])
+                except Exception as exc:
+                    log.warning("runway check reconcile failed: %s", exc)
+                waits = [asyncio.create_task(e.wait()) for e in (self.changed, self.wake, stop)]
+                await asyncio.wait(waits, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                for t in waits:
+                    t.cancel()
+                self.changed.clear()
+        finally:
+            halt.set()
 
-    async def reconcile(self, kueue: Kueue) -> None:
-        views = [v for o in await asyncio.to_thread(kueue.workloads)
-                 if (v := view(o, self.check)) is not None]
+    async def reconcile(self, kueue: Kueue, views: list[WorkloadView]) -> None:
         if not views:
             return
         jobs = await self.admission.store.get_many(sorted({v.job_id for v in views}))
@@ -143,10 +211,15 @@ class RunwayCheckController:
         for w, verdict in changes(views, jobs, money):
             log.info("check %s/%s -> %s: %s", w.namespace, w.name, verdict.state.value,
                      verdict.message)
-            with contextlib.suppress(ApiException):  # a conflict: the next pass retries
+            try:
                 await asyncio.to_thread(kueue.set_check, w, self.check, verdict)
+            except ApiException as exc:  # a conflict: decide it again on the next pass
+                log.debug("check patch of %s/%s: %s", w.namespace, w.name, exc.reason)
+                self.dirty.add(f"{w.namespace}/{w.name}")
         for w in to_deactivate(views, jobs, money):
             key = f"{w.namespace}/{w.name}"
+            if key in self.deactivated:
+                continue
             log.warning("deactivating %s: its tenant's budget is spent", key)
             await asyncio.to_thread(kueue.deactivate, w)
             self.deactivated.add(key)

@@ -1,0 +1,81 @@
+"""The runway AdmissionCheck's decisions, without Kubernetes."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from kestrel.jobs import JobRow, JobState
+from services.admission.kueue import view
+from services.admission.runway_check import (
+    CheckState,
+    Money,
+    WorkloadView,
+    changes,
+    to_deactivate,
+    verdict,
+)
+
+
+def job(state: JobState, reason: str = "needs 1 credit, 0 remain") -> JobRow:
+    return JobRow("job-1", "acme", b"", state, reason, Decimal("1.2"), "gpu-h100", "", "", "",
+                  1, 0, 0, 0, 1, 0, 1, 60)
+
+
+FINE = Money(Decimal(10), Decimal(2), Decimal(5))
+SPENT = Money(Decimal(10), Decimal(10), Decimal(-1))
+
+
+@pytest.mark.parametrize(("name", "state", "money", "want", "says"), [
+    ("an admitted job with money left is ready", JobState.ADMITTED, FINE, CheckState.READY,
+     "reservation of 1.2"),
+    ("a queued job is ready", JobState.QUEUED, FINE, CheckState.READY, "reservation"),
+    ("a held job waits with admission's reason", JobState.HELD, FINE, CheckState.PENDING,
+     "held by Kestrel for budget: needs 1 credit"),
+    ("a reserved job of a tenant whose money is spent waits", JobState.ADMITTED, SPENT,
+     CheckState.PENDING, "budget is spent"),
+    ("a cancelled job is rejected", JobState.CANCELLED, FINE, CheckState.REJECTED, "cancelled"),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_verdict(name: str, state: JobState, money: Money, want: CheckState,
+                 says: str) -> None:
+    v = verdict(job(state), money)
+    assert v.state is want and says in v.message
+
+
+def wl(check: str = "Pending", message: str = "", admitted: bool = False,
+       active: bool = True, job_id: str = "job-1") -> WorkloadView:
+    return WorkloadView("kestrel-acme", "job-job-1-abc", job_id, check, message, admitted,
+                        active, False)
+
+
+def test_only_differences_are_patched() -> None:
+    ready = verdict(job(JobState.ADMITTED), FINE)
+    assert changes([wl("Ready", ready.message)], {"job-1": job(JobState.ADMITTED)},
+                   {"acme": FINE}) == []
+    assert len(changes([wl()], {"job-1": job(JobState.ADMITTED)}, {"acme": FINE})) == 1
+
+
+def test_workloads_of_jobs_this_admission_does_not_know_are_left_alone() -> None:
+    assert changes([wl(job_id="job-elsewhere")], {}, {}) == []
+    assert to_deactivate([wl(admitted=True, job_id="job-elsewhere")], {}, {}) == []
+
+
+def test_admitted_workloads_of_a_spent_tenant_are_deactivated_once_active() -> None:
+    jobs = {"job-1": job(JobState.RUNNING)}
+    assert to_deactivate([wl(admitted=True)], jobs, {"acme": SPENT}) == [wl(admitted=True)]
+    assert to_deactivate([wl(admitted=True)], jobs, {"acme": FINE}) == []
+    assert to_deactivate([wl(admitted=True, active=False)], jobs, {"acme": SPENT}) == []
+    assert to_deactivate([wl(admitted=False)], jobs, {"acme": SPENT}) == []
+
+
+def test_a_workload_view_reads_our_check_entry_owner_and_conditions() -> None:
+    obj = {"metadata": {"namespace": "kestrel-acme", "name": "w",
+                        "ownerReferences": [{"kind": "Job", "name": "job-1"}]},
+           "spec": {"active": True},
+           "status": {"admissionChecks": [{"name": "kestrel-runway", "state": "Ready",
+                                           "message": "ok"}],
+                      "conditions": [{"type": "Admitted", "status": "True"}]}}
+    v = view(obj, "kestrel-runway")
+    assert v is not None and (v.job_id, v.check_state, v.admitted) == ("job-1", "Ready", True)
+    assert view(obj, "another-check") is None
