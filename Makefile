@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 include cluster/versions.env
 
 .PHONY: help setup proto proto-check buf-lint buf-breaking lint test test-unit \
-        test-integration test-e2e demo bench-meter bench-gateway up down status grpcurl \
+        test-integration test-e2e demo bench-meter bench-gateway bench-jobs up down status grpcurl \
         devstack-up devstack-down devstack-status clean
 
 help: ## This list
@@ -58,6 +58,9 @@ bench-meter: setup ## Ledger ingestion and runway latency vs the bare pipeline o
 
 bench-gateway: setup ## Submit rate and latency vs the gRPC ceiling of this machine
 	$(PY) bench/gateway.py $(BENCH_ARGS)
+
+bench-jobs: setup ## The whole plane vs bare Kueue on the real cluster; the gate; the ledger vs Kubernetes
+	$(PY) bench/jobs.py $(BENCH_ARGS)
 
 up: setup grpcurl ## Run the plane for people: devstack + meter, gateway, admission (+ placer)
 	$(PY) -m kestrel.plane up

@@ -172,17 +172,17 @@ async def run(clients: int, seconds: float, rate: float, tenants: int, keep: boo
     submits = s_ok + len(lat)
     errors = s_err + l_err + t_err
     ratio = submit_rate / trivial_rate
-    t = Table(title="bench-gateway (2 cores; client, services, Postgres fsync on, one machine)")
+    table = Table(title="bench-gateway (2 cores; client, services, Postgres fsync on, one machine)")
     for col in ("figure", "value", "target"):
-        t.add_column(col)
-    t.add_row("trivial RPC/s (health Check, same clients)", f"{trivial_rate:,.0f}", "baseline")
-    t.add_row("submits/s at saturation", f"{submit_rate:,.0f}", ">= 500")
-    t.add_row("ratio", f"{ratio:.2f}", "")
-    t.add_row(f"submit p50 / p99 at {rate:.0f}/s", f"{pct(lat, 0.5):.1f} / {pct(lat, 0.99):.1f} ms",
+        table.add_column(col)
+    table.add_row("trivial RPC/s (health Check, same clients)", f"{trivial_rate:,.0f}", "baseline")
+    table.add_row("submits/s at saturation", f"{submit_rate:,.0f}", ">= 500")
+    table.add_row("ratio", f"{ratio:.2f}", "")
+    table.add_row(f"submit p50 / p99 at {rate:.0f}/s", f"{pct(lat, 0.5):.1f} / {pct(lat, 0.99):.1f} ms",
               "p99 <= 50 ms")
-    t.add_row("jobs admitted / held", f"{states.get(2, 0):,} / {states.get(1, 0):,}", "")
-    t.add_row("errors / double admits", f"{errors} / {double_admits}", "0 / 0")
-    Console().print(t)
+    table.add_row("jobs admitted / held", f"{states.get(2, 0):,} / {states.get(1, 0):,}", "")
+    table.add_row("errors / double admits", f"{errors} / {double_admits}", "0 / 0")
+    Console().print(table)
     print(f"gateway: submits={submits} submit_per_s={submit_rate:.0f} "
           f"trivial_rpc_per_s={trivial_rate:.0f} ratio={ratio:.2f} "
           f"submit_p50_ms={pct(lat, 0.5):.1f} submit_p99_ms={pct(lat, 0.99):.1f} "

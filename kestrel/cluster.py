@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import datetime
 import fcntl
 import functools
 import json
@@ -44,6 +45,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -1116,3 +1118,34 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(_main())
+
+
+def _epoch_s(text: str) -> int:
+    return int(datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
+
+
+def gpu_seconds_by_job(namespaces: Sequence[str]) -> dict[str, Decimal]:
+    """gpus x (end - start) per Job, from its Workload's own condition timestamps:
+    Kueue's Admitted to Finished (or Evicted). What the ledger must equal."""
+    from kubernetes import client as k8s
+
+    custom: Any = k8s.CustomObjectsApi(api_client())
+    out: dict[str, Decimal] = {}
+    for ns in namespaces:
+        items = custom.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_API_VERSION, ns,
+                                                     "workloads")["items"]
+        for w in items:
+            start = condition(w, "Admitted")
+            end = condition(w, "Finished") or condition(w, "Evicted")
+            if not start or start.get("status") != "True" or not end:
+                continue
+            gpus = sum(int(ps.get("count", 1))
+                       * int(c.get("resources", {}).get("requests", {}).get("nvidia.com/gpu", 0))
+                       for ps in w["spec"]["podSets"]
+                       for c in ps["template"]["spec"]["containers"])
+            owner = next((o["name"] for o in w["metadata"].get("ownerReferences", [])
+                          if o.get("kind") == "Job"), None)
+            if owner is not None:
+                secs = _epoch_s(end["lastTransitionTime"]) - _epoch_s(start["lastTransitionTime"])
+                out[owner] = Decimal(gpus * secs)
+    return out

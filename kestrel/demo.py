@@ -24,7 +24,6 @@ import sys
 import time
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 import asyncpg
 from rich.console import Console, Group
@@ -142,37 +141,6 @@ class Demo:
             await c.close()
 
 
-def k8s_gpu_seconds(tenants: list[str]) -> dict[str, Decimal]:
-    """gpus x (end - start) per job from the Workloads' own condition timestamps."""
-    from kubernetes import client as k8s
-
-    custom: Any = k8s.CustomObjectsApi(cluster.api_client())
-    out: dict[str, Decimal] = {}
-    for tenant in tenants:
-        items = custom.list_namespaced_custom_object(
-            cluster.KUEUE_GROUP, cluster.KUEUE_API_VERSION, f"kestrel-{tenant}",
-            "workloads")["items"]
-        for w in items:
-            conds = {c["type"]: c for c in w.get("status", {}).get("conditions", [])}
-            start = conds.get("Admitted")
-            end = conds.get("Finished") or conds.get("Evicted")
-            if not start or start["status"] != "True" or not end:
-                continue
-            gpus = sum(int(ps["count"]) * int(c["resources"]["requests"]["nvidia.com/gpu"])
-                       for ps in w["spec"]["podSets"]
-                       for c in ps["template"]["spec"]["containers"])
-            secs = _ts(end["lastTransitionTime"]) - _ts(start["lastTransitionTime"])
-            job_id = next(o["name"] for o in w["metadata"]["ownerReferences"])
-            out[job_id] = Decimal(gpus * secs)
-    return out
-
-
-def _ts(text: str) -> int:
-    import datetime as dt
-
-    return int(dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
-
-
 async def summary(stack: Stack, demo: Demo) -> bool:
     db = await asyncpg.connect(stack.postgres_dsn)
     ledger = {r["workload_id"]: (Decimal(int(r["g"])) / 1_000_000, r["c"]) for r in await db.fetch(
@@ -182,7 +150,8 @@ async def summary(stack: Stack, demo: Demo) -> bool:
         "SELECT tenant, to_state, count(DISTINCT job_id) n FROM job_transitions "
         "GROUP BY tenant, to_state")}
     await db.close()
-    k8s = await asyncio.to_thread(k8s_gpu_seconds, sorted(TENANTS))
+    k8s = await asyncio.to_thread(cluster.gpu_seconds_by_job,
+                                  [f"kestrel-{t}" for t in sorted(TENANTS)])
     t = Table(title="summary per tenant: the ledger vs Kubernetes")
     for col in ("tenant", "admitted", "held", "rejected", "GPU-s (ledger)", "GPU-s (k8s)",
                 "equal", "spend", "overrun"):

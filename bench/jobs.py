@@ -1,0 +1,253 @@
+"""make bench-jobs: the whole plane against bare Kueue, in one run.
+
+1. Baseline: M jobs (1 GPU, 1 s simulated run) created straight in a Kueue
+   LocalQueue with the kubernetes client; admissions per second from the first
+   create to the last Workload Admitted (bench/cluster_check.py's method).
+2. The plane: the same M jobs submitted through the gateway (admission reserves,
+   the placer creates the Jobs, the runway AdmissionCheck lets them in), the same
+   quota (32 gpu-h100 + 32 gpu-a10), measured the same way; plus each job's
+   submit -> Kueue Admitted latency.
+3. The gate: a tenant submits every 10 ms while an operator lowers its budget
+   to nothing; the time from that adjustment's commit to the first refused
+   submission.
+4. The ledger: each job's GPU-seconds against gpus x (Finished - Admitted) from
+   Kubernetes' own timestamps, and any GPU-seconds beyond gpus x max_duration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import threading
+import time
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+from rich.console import Console
+from rich.table import Table
+
+from bench.cluster_check import bench as kueue_direct
+from kestrel import cluster
+from kestrel.devstack import Stack, free_port
+from kestrel.procs import REPO, ServiceProcess
+from kestrel.sdk import AsyncClient, JobState
+
+console = Console(stderr=True)
+TOKEN = "kso_bench-jobs"
+QUOTA = {"gpu-h100": 32, "gpu-a10": 32}
+
+
+def watch_admitted(ns: str, seen: dict[str, float], target: int, stop: threading.Event) -> None:
+    """Job name -> monotonic instant its Workload was first seen Admitted."""
+    from kubernetes import client as k8s
+    from kubernetes import watch
+
+    custom: Any = k8s.CustomObjectsApi(cluster.api_client())
+    w_mod: Any = watch
+
+    def note(obj: dict[str, Any]) -> None:
+        if cluster.condition_true(obj, "Admitted"):
+            owner = next((o["name"] for o in obj["metadata"].get("ownerReferences", [])), None)
+            if owner:
+                seen.setdefault(owner, time.monotonic())
+
+    while not stop.is_set() and len(seen) < target:
+        try:
+            listing = custom.list_namespaced_custom_object(
+                cluster.KUEUE_GROUP, cluster.KUEUE_API_VERSION, ns, "workloads")
+            for obj in listing["items"]:
+                note(obj)
+            w = w_mod.Watch()
+            for event in w.stream(custom.list_namespaced_custom_object, cluster.KUEUE_GROUP,
+                                  cluster.KUEUE_API_VERSION, ns, "workloads",
+                                  resource_version=listing["metadata"]["resourceVersion"],
+                                  timeout_seconds=30):
+                note(event["object"])
+                if stop.is_set() or len(seen) >= target:
+                    w.stop()
+                    break
+        except Exception:
+            time.sleep(0.2)
+
+
+async def plane_run(gateway: str, m: int, workers: int) -> tuple[float, list[float], list[str]]:
+    op = AsyncClient(gateway, operator_token=TOKEN)
+    await op.create_tenant("bench", gpu_quota=QUOTA, rate_per_s=100_000, burst=100_000,
+                           initial_credits="1000000")
+    key = await op.create_api_key("bench", "bench")
+    client = AsyncClient(gateway, api_key=key.secret)
+    seen: dict[str, float] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_admitted, args=("kestrel-bench", seen, m, stop),
+                               daemon=True)
+    watcher.start()
+    sent: dict[str, float] = {}
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(m):
+        queue.put_nowait(i)
+
+    async def worker() -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            t = time.monotonic()
+            job = await client.submit_job(name=f"j{i}", gpus=1, max_duration_s=30,
+                                          sim_duration_s=1,
+                                          flavor="gpu-h100" if i % 2 else "gpu-a10")
+            if job.state is not JobState.ADMITTED:
+                raise RuntimeError(f"job {i} was {job.state.value}: {job.reason}")
+            sent[job.job_id] = t
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    console.print(f"  submitted {m} jobs through the gateway in {time.monotonic() - t0:.1f}s")
+    deadline = time.monotonic() + max(300, m * 2)
+    last = 0
+    while len(seen) < m and time.monotonic() < deadline:
+        if len(seen) - last >= 100:
+            last = len(seen) // 100 * 100
+            console.print(f"  {len(seen)}/{m} admitted by Kueue after {time.monotonic() - t0:.1f}s")
+        await asyncio.sleep(0.25)
+    stop.set()
+    if len(seen) < m:
+        raise TimeoutError(f"only {len(seen)}/{m} admitted")
+    rate = m / (max(seen.values()) - t0)
+    latencies = sorted((seen[j] - t) * 1000 for j, t in sent.items() if j in seen)
+    await client.close()
+    await op.close()
+    return rate, latencies, list(sent)
+
+
+async def gate_run(gateway: str) -> float:
+    op = AsyncClient(gateway, operator_token=TOKEN)
+    await op.create_tenant("gate", gpu_quota={"gpu-h100": 8}, rate_per_s=100_000,
+                           burst=100_000, initial_credits="100")
+    key = await op.create_api_key("gate", "bench")
+    client = AsyncClient(gateway, api_key=key.secret)
+    closed_at: float | None = None
+    refused_at: float | None = None
+
+    async def submit_forever() -> None:
+        nonlocal refused_at
+        i = 0
+        while refused_at is None:
+            sent = time.monotonic()
+            job = await client.submit_job(name=f"g{i}", gpus=1, max_duration_s=10,
+                                          flavor="gpu-h100", sim_duration_s=1)
+            if job.state in (JobState.HELD, JobState.REJECTED) and closed_at is not None \
+                    and sent >= closed_at:
+                refused_at = time.monotonic()
+            i += 1
+            await asyncio.sleep(0.01)
+
+    submitter = asyncio.create_task(submit_forever())
+    await asyncio.sleep(0.5)
+    runway = await client.runway()
+    await op.adjust_credits("gate", -runway.credits, note="bench: budget withdrawn")
+    closed_at = time.monotonic()
+    await asyncio.wait_for(submitter, 30)
+    await client.close()
+    await op.close()
+    assert refused_at is not None
+    return (refused_at - closed_at) * 1000
+
+
+async def run(m: int, workers: int, keep: bool) -> int:
+    was_up = await asyncio.to_thread(cluster.is_up)
+    info = await asyncio.to_thread(cluster.ensure_cluster,
+                                   lambda s: console.print(f"  [dim]cluster[/dim] {s}"))
+    api = cluster.api_client()
+    console.print(f"[bold]bench-jobs[/bold]: {m} jobs, 1 GPU, 1 s each; quota "
+                  f"{sum(QUOTA.values())} GPUs")
+    console.print("(1) straight to Kueue")
+    direct = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()))
+    console.print(f"    {direct['rate']:.1f} admitted/s")
+
+    root = REPO / ".run" / "bench-jobs"
+    shutil.rmtree(root, ignore_errors=True)
+    stack = Stack(root, durable=True)
+    await asyncio.to_thread(stack.up)
+    ports = {n: free_port() for n in ("meter", "gateway", "admission", "placer")}
+    env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
+           "KESTREL_KUBECONFIG": str(info.kubeconfig),
+           **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
+           **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in ports.items()},
+           **{f"KESTREL_{n.upper()}_METRICS_PORT": "0" for n in ports}}
+    procs = [ServiceProcess(n, env, f"127.0.0.1:{ports[n]}", root / f"{n}.log")
+             for n in ("meter", "gateway", "admission", "placer")]
+    gw = f"127.0.0.1:{ports['gateway']}"
+    try:
+        for p in procs:
+            await asyncio.to_thread(p.start)
+        console.print("(2) through the plane: gateway -> admission -> placer -> Kueue")
+        plane_rate, lat, job_ids = await plane_run(gw, m, workers)
+        console.print(f"    {plane_rate:.1f} admitted/s")
+        console.print("(3) the gate: budget withdrawn while the tenant submits")
+        gate_ms = await gate_run(gw)
+        console.print(f"    refused {gate_ms:.1f} ms after the adjustment committed")
+
+        console.print("(4) the ledger against Kubernetes (waiting for every job to end)")
+        db = await asyncpg.connect(stack.postgres_dsn)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            open_n = await db.fetchval(
+                "SELECT count(*) FROM jobs WHERE tenant = 'bench' AND state NOT IN (5, 6, 7, 8, 9)")
+            closed = await db.fetchval("SELECT count(*) FROM allocations WHERE tenant = 'bench' "
+                                       "AND status = 2")
+            if open_n == 0 and closed >= m:
+                break
+            await asyncio.sleep(1)
+        ledger = {r["workload_id"]: Decimal(int(r["g"])) / 1_000_000 for r in await db.fetch(
+            "SELECT workload_id, sum(gpu_us) g FROM ledger WHERE tenant = 'bench' "
+            "GROUP BY workload_id")}
+        await db.close()
+        k8s = await asyncio.to_thread(cluster.gpu_seconds_by_job, ["kestrel-bench"])
+        exact = all(ledger.get(j) == k8s.get(j) for j in job_ids) and len(k8s) >= m
+        overrun = sum((max(Decimal(0), g - 30) for g in ledger.values()), Decimal(0))
+    finally:
+        for p in procs:
+            p.stop()
+        if not keep:
+            for tenant in ("bench", "gate"):
+                await asyncio.to_thread(cluster.kubectl, "delete", "namespace",
+                                        f"kestrel-{tenant}", "--wait=false",
+                                        "--ignore-not-found", check=False)
+                await asyncio.to_thread(cluster.kubectl, "delete", "clusterqueue",
+                                        f"kestrel-{tenant}", "--ignore-not-found", check=False)
+            await asyncio.to_thread(stack.destroy)
+            if not was_up:
+                await asyncio.to_thread(cluster.down, lambda s: None)
+
+    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+    ratio = plane_rate / direct["rate"]
+    t = Table(title="bench-jobs (2 cores; GPU nodes simulated by KWOK, Kueue real)")
+    for col in ("figure", "value", "target"):
+        t.add_column(col)
+    t.add_row("Kueue direct admitted/s", f"{direct['rate']:.1f}", "baseline")
+    t.add_row("through the plane admitted/s", f"{plane_rate:.1f}", "")
+    t.add_row("ratio", f"{ratio:.2f}", ">= 0.8")
+    t.add_row("submit -> Kueue Admitted p99", f"{p99:.0f} ms", "")
+    t.add_row("gate close", f"{gate_ms:.1f} ms", "<= 1000 ms")
+    t.add_row("overrun GPU-s / ledger exact", f"{overrun} / {exact}", "0 / true")
+    Console().print(t)
+    print(f"jobs: n={m} plane_admit_per_s={plane_rate:.1f} "
+          f"kueue_direct_admit_per_s={direct['rate']:.1f} ratio={ratio:.2f} "
+          f"submit_to_admitted_p99_ms={p99:.0f} gate_close_ms={gate_ms:.1f} "
+          f"overrun_gpu_s={overrun} ledger_exact={str(exact).lower()}")
+    return 0 if exact and overrun == 0 else 1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=1000)
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    sys.exit(asyncio.run(run(args.jobs, args.workers, args.keep)))
+
+
+if __name__ == "__main__":
+    main()
