@@ -178,8 +178,8 @@ async def run(clients: int, seconds: float, rate: float, tenants: int, keep: boo
     table.add_row("trivial RPC/s (health Check, same clients)", f"{trivial_rate:,.0f}", "baseline")
     table.add_row("submits/s at saturation", f"{submit_rate:,.0f}", ">= 500")
     table.add_row("ratio", f"{ratio:.2f}", "")
-    table.add_row(f"submit p50 / p99 at {rate:.0f}/s", f"{pct(lat, 0.5):.1f} / {pct(lat, 0.99):.1f} ms",
-              "p99 <= 50 ms")
+    table.add_row(f"submit p50 / p99 at {rate:.0f}/s",
+                  f"{pct(lat, 0.5):.1f} / {pct(lat, 0.99):.1f} ms", "p99 <= 50 ms")
     table.add_row("jobs admitted / held", f"{states.get(2, 0):,} / {states.get(1, 0):,}", "")
     table.add_row("errors / double admits", f"{errors} / {double_admits}", "0 / 0")
     Console().print(table)
