@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
@@ -38,6 +39,7 @@ class PlacerConfig:
     kubeconfig: str
     settings: PlacerSettings
     refresh_s: float
+    kube_threads: int
 
     @classmethod
     def from_env(cls) -> PlacerConfig:
@@ -55,6 +57,7 @@ class PlacerConfig:
                 runway_check=env_str("KESTREL_RUNWAY_CHECK", "kestrel-runway"),
                 short_bp=env_int("KESTREL_PLACER_SHORT_BP", DEFAULT_SHORT_BP)),
             refresh_s=float(env_int("KESTREL_PLACER_REFRESH_S", 10)),
+            kube_threads=env_int("KESTREL_PLACER_KUBE_THREADS", 32),
         )
 
 
@@ -75,6 +78,10 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     nc = await bus.connect(config.endpoints.nats_url, "placer")
     js = nc.jetstream()
     await bus.retry_forever("ensure streams", lambda: bus.ensure_streams(js))
+    # Kubernetes calls block a thread each while the apiserver answers: more threads
+    # than the default min(32, cpus + 4) keep creates flowing on a small machine.
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=config.kube_threads, thread_name_prefix="kube"))
     kube: Kube = await bus.retry_forever(
         "kubernetes client", lambda: asyncio.to_thread(Kube, config.kubeconfig))
     store = PlacerStore(pool)

@@ -39,11 +39,14 @@ def _strip_none(obj: Any) -> Any:
     return obj
 
 
-def new_api_client(kubeconfig: str) -> Any:
-    new_client = cast(Callable[..., Any], k8s_config.new_client_from_config)
-    api = new_client(config_file=kubeconfig)
-    api.configuration.connection_pool_maxsize = 32
-    return api
+def new_api_client(kubeconfig: str, pool: int = 32) -> Any:
+    """A client whose connection pool holds `pool` connections: set before the pool
+    exists, or every call beyond the default size pays a new TLS handshake."""
+    cfg = k8s.Configuration()
+    load = cast(Callable[..., None], k8s_config.load_kube_config)
+    load(config_file=kubeconfig, client_configuration=cfg)
+    cfg.connection_pool_maxsize = pool
+    return k8s.ApiClient(cfg)
 
 
 class Kube:

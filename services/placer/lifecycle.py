@@ -9,7 +9,10 @@ again and the meter and admission drop the repeats.
 Times come from Kubernetes timestamps, never from the placer's clock:
 
 - QUEUED   the Job's creationTimestamp (flavor and reason from its annotations)
-- ADMITTED the Workload's QuotaReserved=True transition (metering starts)
+- ADMITTED the Workload's Admitted=True transition (metering starts): Kueue
+           reserved quota and every admission check said Ready. Without checks
+           it is the QuotaReserved=True instant; with the runway check, a job
+           held at the check (quota reserved, check Pending) is not metered.
 - STARTED  the first container start of a pod of this allocation
 - FINISHED the Workload's Finished=True transition when it succeeded
 - FAILED   Finished=True otherwise; the Job's Failed condition or the Workload's
@@ -244,23 +247,26 @@ def derive(obs: Observed) -> list[Derived]:
     def event(kind: EventType, wid: str, at: int, reason: str) -> Derived:
         return Derived(kind, tenant, job_id, wid, at, flavor, gpus, reason, ns, name)
 
-    reserved = condition(wl, "QuotaReserved")
+    admitted = condition(wl, "Admitted")
     evicted = condition(wl, "Evicted")
     finished = condition(wl, "Finished")
     n_evicted = evictions(wl)
     if is_true(evicted) and evicted is not None:
         wid = allocation_id(job_id, max(n_evicted, 1))
-        if is_true(reserved) and reserved is not None:
-            out.append(event(EventType.ADMITTED, wid, time_us(reserved["lastTransitionTime"]),
-                             "quota reserved"))
-        out.append(event(EventType.EVICTED, wid, time_us(evicted["lastTransitionTime"]),
-                         _words(evicted, "evicted")))
-        return out
+        at = time_us(evicted["lastTransitionTime"])
+        if is_true(admitted) and admitted is not None:
+            out.append(event(EventType.ADMITTED, wid, time_us(admitted["lastTransitionTime"]),
+                             _words(admitted, "admitted")))
+            out.append(event(EventType.EVICTED, wid, at, _words(evicted, "evicted")))
+        elif admitted is not None and time_us(admitted["lastTransitionTime"]) >= at:
+            # Admitted went False with this eviction: the allocation it ends did run.
+            out.append(event(EventType.EVICTED, wid, at, _words(evicted, "evicted")))
+        return out  # evicted while it waited at a check: nothing was metered
     wid = allocation_id(job_id, n_evicted + 1)
-    held = is_true(reserved) and reserved is not None
-    if held and reserved is not None:
-        start = time_us(reserved["lastTransitionTime"])
-        out.append(event(EventType.ADMITTED, wid, start, _words(reserved, "quota reserved")))
+    held = is_true(admitted) and admitted is not None
+    if held and admitted is not None:
+        start = time_us(admitted["lastTransitionTime"])
+        out.append(event(EventType.ADMITTED, wid, start, _words(admitted, "admitted")))
         started = _started_us(wl, obs.pods, start)
         if started is not None:
             out.append(event(EventType.STARTED, wid, started, "pod running"))

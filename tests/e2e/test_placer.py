@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import asyncpg
 import grpc
 import pytest
+from kubernetes.client.exceptions import ApiException
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -265,7 +266,7 @@ async def test_admitted_job_becomes_one_job_and_reports_its_lifecycle(harness: H
     finished = await wait_for("FINISHED", lambda: harness.events.one(job_id, FINISHED))
     wl = harness.workload(tenant, job_id)
     assert wl is not None
-    reserved, done = condition(wl, "QuotaReserved"), condition(wl, "Finished")
+    reserved, done = condition(wl, "Admitted"), condition(wl, "Finished")
     assert reserved is not None and done is not None
     admitted = harness.events.one(job_id, ADMITTED)
     started = harness.events.one(job_id, STARTED)
@@ -394,8 +395,6 @@ async def test_ensure_tenant_creates_then_patches_queues_with_the_runway_check(
         ns = core.read_namespace(f"kestrel-{tenant}")
         assert ns.metadata.labels["kestrel.dev/tenant"] == tenant
     finally:
-        from kubernetes.client.exceptions import ApiException
-
         with contextlib.suppress(ApiException):
             custom.delete_cluster_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
                                                 "admissionchecks", check)
@@ -431,7 +430,7 @@ async def test_deactivated_workload_is_evicted_then_a_readmission_is_a_new_alloc
                            lambda: [e for e in harness.events.of(job_id, ADMITTED)
                                     if e.workload_id == f"{job_id}.r2"])
     wl = harness.workload(tenant, job_id)
-    reserved = condition(wl, "QuotaReserved")
+    reserved = condition(wl, "Admitted")
     assert reserved is not None
     assert again[0].time_us == time_us(reserved["lastTransitionTime"]) >= evicted.time_us
     assert again[0].event_id == f"{job_id}.r2:admitted"
@@ -451,7 +450,7 @@ async def test_deactivated_workload_is_evicted_then_a_readmission_is_a_new_alloc
 async def test_whole_loop_ledger_equals_gpus_times_kubernetes_time(
         harness: Harness, plane: Plane) -> None:
     """Gateway -> admission -> placer -> Kueue -> meter: the ledger's GPU-time of a job is
-    exactly gpus x (Finished - QuotaReserved) of its Workload, and admission follows it."""
+    exactly gpus x (Finished - Admitted) of its Workload, and admission follows it."""
     harness.start()
     tenant = f"loop{uuid.uuid4().hex[:6]}"
     harness.tenants.append(tenant)
@@ -477,7 +476,7 @@ async def test_whole_loop_ledger_equals_gpus_times_kubernetes_time(
     assert done.flavor == "gpu-h100" and "dearest flavor that fits" in done.flavor_reason
     wl = harness.workload(tenant, job.job_id)
     assert wl is not None
-    reserved, finished = condition(wl, "QuotaReserved"), condition(wl, "Finished")
+    reserved, finished = condition(wl, "Admitted"), condition(wl, "Finished")
     assert reserved is not None and finished is not None
     want = 2 * (time_us(finished["lastTransitionTime"]) - time_us(reserved["lastTransitionTime"]))
 
@@ -493,3 +492,47 @@ async def test_whole_loop_ledger_equals_gpus_times_kubernetes_time(
         return int(row["gpu_us"]) if row is not None and row["status"] == 2 else None
 
     assert await wait_until("the allocation closed in the ledger", ledger_closed) == want
+
+
+async def test_a_job_held_at_the_runway_check_is_metered_only_from_the_check_ready(
+        harness: Harness) -> None:
+    """With the runway AdmissionCheck on the ClusterQueue, Kueue reserves quota and waits
+    for the check; the allocation starts when the check says Ready (Admitted=True). The
+    test plays admission's check controller."""
+    check = f"kestrel-runway-e2e-{uuid.uuid4().hex[:6]}"
+    _, _, custom = _apis(harness.api)
+    group, version = kc.KUEUE_GROUP, kc.KUEUE_API_VERSION
+
+    def stamp() -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    harness.start(KESTREL_RUNWAY_CHECK=check)
+    try:
+        custom.patch_cluster_custom_object_status(group, version, "admissionchecks", check, {
+            "status": {"conditions": [{"type": "Active", "status": "True", "reason": "Active",
+                                       "message": "e2e", "lastTransitionTime": stamp()}]}})
+        tenant = await harness.tenant({"gpu-h100": 4})
+        job_id = await harness.admit(tenant, gpus=1, max_s=60, sim_s=1)
+
+        def reserved_waiting() -> dict[str, Any] | None:
+            wl = harness.workload(tenant, job_id)
+            return wl if wl is not None and kc.condition_true(wl, "QuotaReserved") else None
+
+        waiting = await wait_for("quota reserved, check Pending", reserved_waiting)
+        assert not kc.condition_true(waiting, "Admitted")
+        assert harness.events.one(job_id, ADMITTED) is None  # held: nothing metered
+        custom.patch_namespaced_custom_object_status(
+            group, version, f"kestrel-{tenant}", "workloads", waiting["metadata"]["name"],
+            {"status": {"admissionChecks": [{"name": check, "state": "Ready", "message": "ok",
+                                             "lastTransitionTime": stamp()}]}})
+        admitted = await wait_for("ADMITTED", lambda: harness.events.one(job_id, ADMITTED))
+        wl = harness.workload(tenant, job_id)
+        assert wl is not None
+        reserved, ready = condition(wl, "QuotaReserved"), condition(wl, "Admitted")
+        assert reserved is not None and ready is not None
+        assert admitted.time_us == time_us(ready["lastTransitionTime"])
+        assert admitted.time_us >= time_us(reserved["lastTransitionTime"])
+        await wait_for("FINISHED", lambda: harness.events.one(job_id, FINISHED))
+    finally:
+        with contextlib.suppress(ApiException):
+            custom.delete_cluster_custom_object(group, version, "admissionchecks", check)

@@ -165,7 +165,9 @@ def pod(created: int, started: int, running: bool = True) -> dict[str, Any]:
                        "containerStatuses": [{"name": "work", "state": state}]}}
 
 
-RESERVED = cond("QuotaReserved", "True", 35, "QuotaReserved", "Quota reserved in ClusterQueue")
+# Kueue reserved quota and admitted at once (no admission check, or it said Ready).
+RESERVED = (cond("QuotaReserved", "True", 35, "QuotaReserved", "Quota reserved in ClusterQueue"),
+            cond("Admitted", "True", 35, "Admitted", "The workload is admitted"))
 
 
 @dataclass(frozen=True)
@@ -185,50 +187,64 @@ EVENT_CASES = [
                Observed(job_obj(), workload(cond("QuotaReserved", "False", 31, "Pending"))),
                [(E.QUEUED, JOB, 30, "")], want_flavor="gpu-h100"),
     EventsCase("quota reserved: ADMITTED at that transition, on the flavor Kueue assigned",
-               Observed(job_obj(), workload(RESERVED)),
-               [(E.QUEUED, JOB, 30, ""), (E.ADMITTED, JOB, 35, "QuotaReserved")]),
+               Observed(job_obj(), workload(*RESERVED)),
+               [(E.QUEUED, JOB, 30, ""), (E.ADMITTED, JOB, 35, "Admitted")]),
     EventsCase("a running pod of this allocation: STARTED at its container start",
-               Observed(job_obj(), workload(RESERVED), (pod(35, 36),)),
+               Observed(job_obj(), workload(*RESERVED), (pod(35, 36),)),
                [(E.QUEUED, JOB, 30, ""), (E.ADMITTED, JOB, 35, ""), (E.STARTED, JOB, 36, "")]),
     EventsCase("pods gone but PodsReady=True: STARTED at that condition",
-               Observed(None, workload(RESERVED, cond("PodsReady", "True", 37, "Started"))),
+               Observed(None, workload(*RESERVED, cond("PodsReady", "True", 37, "Started"))),
                [(E.ADMITTED, JOB, 35, ""), (E.STARTED, JOB, 37, "")]),
     EventsCase("Finished with Succeeded: FINISHED at that transition",
-               Observed(job_obj(), workload(RESERVED, cond("Finished", "True", 39, "Succeeded",
+               Observed(job_obj(), workload(*RESERVED, cond("Finished", "True", 39, "Succeeded",
                                                             "Reached expected number")),
                         (pod(35, 35, running=False),)),
                [(E.QUEUED, JOB, 30, ""), (E.ADMITTED, JOB, 35, ""), (E.STARTED, JOB, 35, ""),
                 (E.FINISHED, JOB, 39, "Succeeded: Reached expected number")]),
     EventsCase("Finished with Failed (deadline exceeded): FAILED at that transition",
-               Observed(None, workload(RESERVED, cond("Finished", "True", 39, "Failed",
+               Observed(None, workload(*RESERVED, cond("Finished", "True", 39, "Failed",
                                                       "Job was active longer"))),
                [(E.ADMITTED, JOB, 35, ""), (E.FAILED, JOB, 39, "Failed: Job was active")]),
     EventsCase("deactivated: EVICTED at the Evicted transition while quota is still held",
-               Observed(None, workload(RESERVED, cond("Evicted", "True", 41, "Deactivated",
+               Observed(None, workload(*RESERVED, cond("Evicted", "True", 41, "Deactivated",
                                                       "The workload is deactivated"),
                                        evictions=1)),
                [(E.ADMITTED, JOB, 35, ""), (E.EVICTED, JOB, 41, "Deactivated")]),
     EventsCase("evicted and quota released: EVICTED of the first allocation only",
                Observed(None, workload(cond("QuotaReserved", "False", 41, "Pending"),
+                                       cond("Admitted", "False", 41, "NoReservation"),
                                        cond("Evicted", "True", 41, "Deactivated"),
                                        evictions=1)),
                # Kueue's assignment is gone: the flavor the pods were pinned to.
                [(E.EVICTED, JOB, 41, "Deactivated")], want_flavor="gpu-h100"),
     EventsCase("quota again after an eviction is a new allocation <job>.r2",
                Observed(None, workload(cond("QuotaReserved", "True", 45, "QuotaReserved"),
+                                       cond("Admitted", "True", 45, "Admitted"),
                                        cond("Evicted", "False", 45, "QuotaReserved"),
                                        evictions=1), (pod(35, 36), pod(45, 46))),
                [(E.ADMITTED, f"{JOB}.r2", 45, ""), (E.STARTED, f"{JOB}.r2", 46, "")]),
+    EventsCase("quota reserved but the runway check still Pending: nothing is metered yet",
+               Observed(job_obj(), workload(RESERVED[0], cond("Admitted", "False", 35,
+                                                              "NoChecks"))),
+               [(E.QUEUED, JOB, 30, "")], want_flavor="gpu-h100"),
+    EventsCase("the runway check turns Ready later: ADMITTED at the Admitted transition",
+               Observed(None, workload(RESERVED[0], cond("Admitted", "True", 52, "Admitted"))),
+               [(E.ADMITTED, JOB, 52, "Admitted")]),
+    EventsCase("evicted while it waited at the check: no allocation to close",
+               Observed(None, workload(cond("QuotaReserved", "False", 41, "Pending"),
+                                       cond("Admitted", "False", 35, "NoChecks"),
+                                       cond("Evicted", "True", 41, "AdmissionCheck"),
+                                       evictions=1)), []),
     EventsCase("the Workload deleted while holding quota: FAILED at its deletionTimestamp",
-               Observed(None, workload(RESERVED, deleted_at=50), workload_deleted=True),
+               Observed(None, workload(*RESERVED, deleted_at=50), workload_deleted=True),
                [(E.ADMITTED, JOB, 35, ""), (E.FAILED, JOB, 50, "deleted from Kubernetes")]),
     EventsCase("deleted after the Job failed: FAILED at the Job's Failed condition",
-               Observed(job_obj(failed_at=48), workload(RESERVED, deleted_at=50),
+               Observed(job_obj(failed_at=48), workload(*RESERVED, deleted_at=50),
                         workload_deleted=True),
                [(E.QUEUED, JOB, 30, ""), (E.ADMITTED, JOB, 35, ""),
                 (E.FAILED, JOB, 48, "DeadlineExceeded")]),
     EventsCase("deleted after it finished: nothing more than the finish",
-               Observed(None, workload(RESERVED, cond("Finished", "True", 39, "Succeeded"),
+               Observed(None, workload(*RESERVED, cond("Finished", "True", 39, "Succeeded"),
                                        deleted_at=50), workload_deleted=True),
                [(E.ADMITTED, JOB, 35, ""), (E.FINISHED, JOB, 39, "Succeeded")]),
     EventsCase("deleted without ever holding quota: nothing to meter",
@@ -253,7 +269,7 @@ def test_events_implied_by_kubernetes_objects(case: EventsCase) -> None:
 
 
 def test_derivation_is_stable_so_a_restart_publishes_the_same_ids() -> None:
-    obs = Observed(job_obj(), workload(RESERVED, cond("Finished", "True", 39, "Succeeded")),
+    obs = Observed(job_obj(), workload(*RESERVED, cond("Finished", "True", 39, "Succeeded")),
                    (pod(35, 35, running=False),))
     assert derive(obs) == derive(obs)
 
@@ -265,22 +281,22 @@ def test_time_us_reads_rfc3339_with_and_without_fractions() -> None:
 
 
 def test_open_allocation_is_the_admitted_one_without_a_close() -> None:
-    open_ = derive(Observed(None, workload(RESERVED)))
+    open_ = derive(Observed(None, workload(*RESERVED)))
     assert open_allocation(open_) is not None
-    closed = derive(Observed(None, workload(RESERVED, cond("Finished", "True", 39, "Succeeded"))))
+    closed = derive(Observed(None, workload(*RESERVED, cond("Finished", "True", 39, "Succeeded"))))
     assert open_allocation(closed) is None
     assert allocation_id(JOB, 1) == JOB and allocation_id(JOB, 3) == f"{JOB}.r3"
 
 
 def test_identity_and_keys_ignore_objects_outside_kestrel_namespaces() -> None:
     assert identity(job_obj()) == (TENANT, JOB)
-    assert identity(None, workload(RESERVED)) == (TENANT, JOB)
-    foreign = workload(RESERVED)
+    assert identity(None, workload(*RESERVED)) == (TENANT, JOB)
+    foreign = workload(*RESERVED)
     foreign["metadata"]["namespace"] = "tenant-example"
     foreign["spec"]["podSets"][0]["template"]["metadata"]["labels"] = {}
     assert identity(None, foreign) is None
     assert key_of("workload", foreign) is None
-    assert key_of("workload", workload(RESERVED)) == (NS, JOB)
+    assert key_of("workload", workload(*RESERVED)) == (NS, JOB)
     assert key_of("pod", pod(35, 36)) == (NS, JOB)
 
 
@@ -343,7 +359,7 @@ def observer(recorder: Recorder) -> Placer:
 async def test_observer_publishes_only_after_every_kind_is_listed_then_never_twice() -> None:
     rec = Recorder()
     placer = observer(rec)
-    running = workload(RESERVED)
+    running = workload(*RESERVED)
     await placer.observe_now("workload", "RELIST", [running])
     await placer.observe_now("job", "RELIST", [job_obj()])
     assert rec.ids == []  # pods not listed yet: STARTED could still be missing
@@ -351,7 +367,7 @@ async def test_observer_publishes_only_after_every_kind_is_listed_then_never_twi
     assert rec.ids == [f"{JOB}:queued", f"{JOB}:admitted", f"{JOB}:started"]
     await placer.observe_now("workload", "MODIFIED", running)
     assert len(rec.ids) == 3
-    done = workload(RESERVED, cond("Finished", "True", 39, "Succeeded"))
+    done = workload(*RESERVED, cond("Finished", "True", 39, "Succeeded"))
     await placer.observe_now("workload", "MODIFIED", done)
     assert rec.ids[3:] == [f"{JOB}:finished"]
 
@@ -359,7 +375,7 @@ async def test_observer_publishes_only_after_every_kind_is_listed_then_never_twi
 async def test_a_relist_without_a_workload_that_held_quota_closes_it() -> None:
     rec = Recorder()
     placer = observer(rec)
-    for kind, items in (("workload", [workload(RESERVED)]), ("job", []), ("pod", [])):
+    for kind, items in (("workload", [workload(*RESERVED)]), ("job", []), ("pod", [])):
         await placer.observe_now(kind, "RELIST", items)
     assert rec.ids == [f"{JOB}:admitted"]
     # The watch broke (410 Gone) and the Workload was deleted meanwhile.
