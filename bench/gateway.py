@@ -101,7 +101,7 @@ async def run(clients: int, seconds: float, rate: float, tenants: int, keep: boo
     await asyncio.to_thread(stack.up)
     ports = {n: free_port() for n in ("meter", "gateway", "admission")}
     env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
-           "KESTREL_RUNWAY_CHECK": "",
+           "KESTREL_RUNWAY_CHECK": "", "KESTREL_PLACER_ADDR": "",
            "KESTREL_METER_ADDR": f"127.0.0.1:{ports['meter']}",
            "KESTREL_ADMISSION_ADDR": f"127.0.0.1:{ports['admission']}",
            **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},

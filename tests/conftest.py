@@ -112,8 +112,8 @@ class Plane:
                     "KESTREL_METER_METRICS_PORT": "0", "KESTREL_ADMISSION_METRICS_PORT": "0",
                     "KESTREL_PRICES": "gpu-h100=0.01,gpu-a10=0.001",
                     "KESTREL_METER_TICK_S": "0.2", "KESTREL_METER_SETTLE_US": "0",
-                    # No Kubernetes in this tier: the runway check stays off.
-                    "KESTREL_RUNWAY_CHECK": ""}
+                    # No Kubernetes in this tier: no runway check, no placer.
+                    "KESTREL_RUNWAY_CHECK": "", "KESTREL_PLACER_ADDR": ""}
         self.tmp = tmp
         self.procs: dict[str, ServiceProcess] = {}
         self.starts = 0

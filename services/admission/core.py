@@ -248,6 +248,8 @@ class Admission:
             b.start(job_id)
             if target is None:
                 return None
+            if target is JobState.QUEUED and flavor:
+                await self.store.set_flavor(job_id, flavor, reason)
             allowed = {JobState.RUNNING: [JobState.ADMITTED, JobState.QUEUED],
                        JobState.QUEUED: [JobState.ADMITTED]}.get(target, live)
             moved = await self.store.transition(

@@ -171,6 +171,13 @@ class AdmissionStore:
                     "ON CONFLICT DO NOTHING", job_id, reason, now_us)
         return JobState(prev), job_row(r)
 
+    async def set_flavor(self, job_id: str, flavor: str, reason: str) -> None:
+        """The placer's choice, recorded whatever the job's state (a HELD job is placed
+        too, and waits at the runway check)."""
+        await self.pool.execute(
+            "UPDATE jobs SET flavor = $2, flavor_reason = $3 WHERE job_id = $1",
+            job_id, flavor, reason)
+
     async def release(self, job_ids: Sequence[str], reason: str, now_us: int) -> None:
         await self.pool.execute(
             "INSERT INTO reservation_releases (reservation_id, reason, released_us) "

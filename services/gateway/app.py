@@ -17,7 +17,13 @@ from kestrel import bus
 from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
-from kestrel.v1 import admission_pb2_grpc, gateway_pb2, gateway_pb2_grpc, meter_pb2_grpc
+from kestrel.v1 import (
+    admission_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    meter_pb2_grpc,
+    placer_pb2_grpc,
+)
 from services.gateway.auth import hash_secret
 from services.gateway.ratelimit import RateLimiter
 from services.gateway.servicer import GatewayServicer
@@ -33,6 +39,7 @@ class GatewayConfig:
     grpc_port: int
     admission_addr: str
     meter_addr: str
+    placer_addr: str
     operator_token: str
     operator_token_file: str
     max_node_gpus: int
@@ -43,6 +50,7 @@ class GatewayConfig:
                    env_int("KESTREL_GATEWAY_PORT", 50051),
                    env_str("KESTREL_ADMISSION_ADDR", "127.0.0.1:50052"),
                    env_str("KESTREL_METER_ADDR", "127.0.0.1:50053"),
+                   env_str("KESTREL_PLACER_ADDR", "127.0.0.1:50054"),
                    env_str("KESTREL_OPERATOR_TOKEN", ""),
                    env_str("KESTREL_OPERATOR_TOKEN_FILE", ".run/operator-token"),
                    env_int("KESTREL_MAX_NODE_GPUS", 8))
@@ -70,10 +78,12 @@ async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
     await store.migrate()
     admission_ch = grpc.aio.insecure_channel(config.admission_addr)
     meter_ch = grpc.aio.insecure_channel(config.meter_addr)
+    placer_ch = grpc.aio.insecure_channel(config.placer_addr) if config.placer_addr else None
     servicer = GatewayServicer(
         store, RateLimiter(redis), admission_pb2_grpc.AdmissionStub(admission_ch),
         meter_pb2_grpc.MeterStub(meter_ch), nc, operator_token_hash(config),
-        config.max_node_gpus)
+        config.max_node_gpus,
+        placer_pb2_grpc.PlacerStub(placer_ch) if placer_ch is not None else None)
     server = Server(config.host, config.grpc_port,
                     [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name])
     gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server.server)
@@ -85,6 +95,8 @@ async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
         await server.stop(grace_s=5)
         await admission_ch.close()
         await meter_ch.close()
+        if placer_ch is not None:
+            await placer_ch.close()
         with contextlib.suppress(Exception):
             await nc.close()
         await redis.aclose()

@@ -44,6 +44,8 @@ from kestrel.v1 import (
     gateway_pb2_grpc,
     meter_pb2,
     meter_pb2_grpc,
+    placer_pb2,
+    placer_pb2_grpc,
 )
 from services.gateway import auth
 from services.gateway.ratelimit import RateLimiter
@@ -98,7 +100,9 @@ async def _call(coro: Any) -> Any:
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def __init__(self, store: GatewayStore, limiter: RateLimiter,
                  admission: admission_pb2_grpc.AdmissionStub, meter: meter_pb2_grpc.MeterStub,
-                 nc: NATS, operator_token_hash: str, max_node_gpus: int) -> None:
+                 nc: NATS, operator_token_hash: str, max_node_gpus: int,
+                 placer: placer_pb2_grpc.PlacerStub | None = None) -> None:
+        self.placer = placer
         self.store = store
         self.limiter = limiter
         self.admission = admission
@@ -161,6 +165,19 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def _forget(self, tenant: str) -> None:
         self._profiles.pop(tenant, None)
 
+    async def _ensure_queues(self, p: Profile) -> None:
+        """Ask the placer for the tenant's namespace and queues now. Best effort: the
+        placer also ensures them before a tenant's first Job and follows profile changes."""
+        if self.placer is None:
+            return
+        try:
+            await self.placer.EnsureTenant(placer_pb2.EnsureTenantRequest(
+                tenant=p.tenant, quota=[placer_pb2.FlavorQuota(flavor=f, gpus=g)
+                                        for f, g in sorted(p.gpu_quota.items())]), timeout=10)
+        except grpc.aio.AioRpcError as err:
+            log.warning("placer EnsureTenant(%s): %s %s", p.tenant, err.code().name,
+                        err.details())
+
     # --- operator: tenants and keys -----------------------------------------
 
     async def CreateTenant(self, request: gateway_pb2.CreateTenantRequest,
@@ -182,6 +199,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if not await self.store.insert_profile(profile):
             raise AlreadyExists(f"tenant {t.tenant!r} exists")
         self._forget(t.tenant)
+        await self._ensure_queues(profile)
         return gateway_pb2.CreateTenantResponse(tenant=_tenant_wire(profile),
                                                 runway=account.runway)
 
@@ -242,6 +260,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             burst=rate.burst if rate else p.burst))
         assert updated is not None
         self._forget(p.tenant)
+        await self._ensure_queues(updated)
         return gateway_pb2.UpdateTenantResponse(tenant=_tenant_wire(updated))
 
     async def CreateApiKey(self, request: gateway_pb2.CreateApiKeyRequest,
@@ -367,6 +386,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             v.raise_if_any()
         resp = await _call(self.admission.Release(admission_pb2.ReleaseRequest(
             tenant=tenant.tenant, job_id=request.job_id, reason=request.reason), timeout=10))
+        if self.placer is not None:
+            # Delete the Kubernetes Job: its allocation ends at this instant. Should the
+            # placer be away, the runway check rejects the cancelled job's Workload and
+            # Kueue deactivates it, which closes the allocation too.
+            try:
+                await self.placer.CancelWorkload(placer_pb2.CancelWorkloadRequest(
+                    tenant=tenant.tenant, workload_id=request.job_id,
+                    reason=request.reason or "cancelled by the tenant"), timeout=10)
+            except grpc.aio.AioRpcError as err:
+                log.warning("placer CancelWorkload(%s): %s", request.job_id, err.code().name)
         return gateway_pb2.CancelJobResponse(job=resp.job)
 
     async def WatchJob(self, request: gateway_pb2.WatchJobRequest,

@@ -11,6 +11,8 @@ from kestrel.money import MoneyError, parse_amount
 from kestrel.v1 import common_pb2, gateway_pb2
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# A tenant lives in namespace kestrel-<tenant>, which must fit Kubernetes' 63 characters.
+TENANT_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,53}[a-z0-9])?$")
 LABEL_KEY_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
 ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 JOB_ID_RE = re.compile(r"^job-[a-f0-9]{16}$")
@@ -73,9 +75,16 @@ def check_submit(req: gateway_pb2.SubmitJobRequest, flavors: Collection[str],
     v.raise_if_any()
 
 
+def tenant_problem(value: str) -> str | None:
+    if not TENANT_RE.match(value):
+        return ("must be 1-55 characters of a-z, 0-9 and '-', starting and ending with a "
+                "letter or digit (it names the namespace kestrel-<tenant>)")
+    return None
+
+
 def check_tenant(v: Violations, t: gateway_pb2.Tenant, flavors: Collection[str],
                  prefix: str = "tenant") -> None:
-    if (p := name_problem(t.tenant)) is not None:
+    if (p := tenant_problem(t.tenant)) is not None:
         v.add(f"{prefix}.tenant", p)
     if not printable(t.display_name, 100):
         v.add(f"{prefix}.display_name", "must be at most 100 printable characters")
