@@ -1120,7 +1120,8 @@ if __name__ == "__main__":
     sys.exit(_main())
 
 
-def _epoch_s(text: str) -> int:
+def k8s_time_s(text: str) -> int:
+    """A Kubernetes timestamp (RFC 3339, whole seconds) as seconds since the epoch."""
     return int(datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
 
 
@@ -1146,6 +1147,7 @@ def gpu_seconds_by_job(namespaces: Sequence[str]) -> dict[str, Decimal]:
             owner = next((o["name"] for o in w["metadata"].get("ownerReferences", [])
                           if o.get("kind") == "Job"), None)
             if owner is not None:
-                secs = _epoch_s(end["lastTransitionTime"]) - _epoch_s(start["lastTransitionTime"])
+                secs = (k8s_time_s(end["lastTransitionTime"])
+                        - k8s_time_s(start["lastTransitionTime"]))
                 out[owner] = Decimal(gpus * secs)
     return out

@@ -57,7 +57,7 @@ TENANTS = {"acme": ("200", {"gpu-h100": 16, "gpu-a10": 16}),
            "tiny": ("3", {"gpu-h100": 8, "gpu-a10": 8})}
 PLAN = [
     Plan("acme", "pretrain", 8, "gpu-h100", 6, 10, 0.0),
-    Plan("acme", "eval", 4, "gpu-a10", 8, 10, 0.5),
+    Plan("acme", "eval", 4, "gpu-a10", 6, 15, 0.5),
     Plan("acme", "sweep", 2, "gpu-h100", 4, 10, 1.0),
     # tiny: 3 credits; each job reserves 2 GPUs x 10 s x 0.05 = 1 credit.
     Plan("tiny", "finetune-1", 2, "gpu-h100", 3, 10, 0.0),

@@ -1,0 +1,224 @@
+"""The runway loop on the real cluster: gateway, admission (with its Kueue
+AdmissionCheck controller), placer, meter, Kueue and KWOK, all real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+import pytest
+
+from kestrel import cluster as kc
+from kestrel.devstack import free_port
+from kestrel.procs import ServiceProcess
+from kestrel.sdk import AsyncClient, Job, JobState
+
+pytestmark = pytest.mark.e2e
+T = TypeVar("T")
+TOKEN = "kso_e2e-loop"
+
+
+@pytest.fixture(scope="module")
+def cluster_up() -> Iterator[kc.ClusterInfo]:
+    was_up = kc.is_up()
+    yield kc.ensure_cluster()
+    if not was_up:
+        kc.cluster_down()
+
+
+@dataclass
+class Loop:
+    env: dict[str, str]
+    tmp: Path
+    dsn: str
+    procs: dict[str, ServiceProcess] = field(default_factory=dict)
+    tenants: list[str] = field(default_factory=list)
+    starts: int = 0
+
+    def start(self, name: str) -> None:
+        self.starts += 1
+        self.procs[name] = ServiceProcess(
+            name, self.env, self.env[f"KESTREL_{name.upper()}_ADDR"],
+            self.tmp / f"{name}-{self.starts}.log").start()
+
+    async def tenant(self, credits: str, quota: dict[str, int] | None = None) -> AsyncClient:
+        name = f"e2e{uuid.uuid4().hex[:8]}"
+        self.tenants.append(name)
+        async with AsyncClient(self.env["KESTREL_GATEWAY_ADDR"], operator_token=TOKEN) as op:
+            await op.create_tenant(name, gpu_quota=quota or {"gpu-h100": 8, "gpu-a10": 8},
+                                   rate_per_s=100, burst=100, initial_credits=credits)
+            key = await op.create_api_key(name, "e2e")
+        return AsyncClient(self.env["KESTREL_GATEWAY_ADDR"], api_key=key.secret)
+
+    def operator(self) -> AsyncClient:
+        return AsyncClient(self.env["KESTREL_GATEWAY_ADDR"], operator_token=TOKEN)
+
+
+@pytest.fixture
+async def loop(cluster_up: kc.ClusterInfo, service_env: dict[str, str], database: str,
+               tmp_path: Path) -> AsyncIterator[Loop]:
+    names = ("meter", "gateway", "admission", "placer")
+    ports = {n: free_port() for n in names}
+    env = {**service_env, "KESTREL_OPERATOR_TOKEN": TOKEN,
+           "KESTREL_KUBECONFIG": str(cluster_up.kubeconfig),
+           "KESTREL_PRICES": "gpu-h100=0.01,gpu-a10=0.001", "KESTREL_METER_TICK_S": "0.2",
+           **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
+           **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in ports.items()},
+           **{f"KESTREL_{n.upper()}_METRICS_PORT": "0" for n in names}}
+    lp = Loop(env, tmp_path, database)
+    try:
+        for n in names:
+            lp.start(n)
+        yield lp
+    finally:
+        for p in lp.procs.values():
+            p.stop()
+        for t in lp.tenants:
+            kc.kubectl("delete", "namespace", f"kestrel-{t}", "--wait=false",
+                       "--ignore-not-found", check=False)
+            kc.kubectl("delete", "clusterqueue", f"kestrel-{t}", "--ignore-not-found",
+                       check=False)
+
+
+async def until(what: str, fn: Callable[[], Awaitable[T | None]], timeout_s: float = 120) -> T:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        value = await fn()
+        if value is not None:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+def in_state(client: AsyncClient, job_id: str, *states: JobState) -> Callable[
+        [], Awaitable[Job | None]]:
+    async def check() -> Job | None:
+        job = await client.get_job(job_id)
+        return job if job.state in states else None
+    return check
+
+
+async def allocation(dsn: str, workload_id: str) -> tuple[int, int, int] | None:
+    """(status, sum gpu_us, end_us) of an allocation once the meter closed it."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        r = await conn.fetchrow(
+            "SELECT status, end_us, (SELECT coalesce(sum(gpu_us), 0) FROM ledger "
+            "WHERE workload_id = $1) g FROM allocations WHERE workload_id = $1", workload_id)
+    finally:
+        await conn.close()
+    if r is None or r["status"] != 2:
+        return None
+    return r["status"], int(r["g"]), int(r["end_us"])
+
+
+def workload(tenant: str, job_id: str) -> dict[str, Any] | None:
+    from kubernetes import client as k8s
+
+    custom: Any = k8s.CustomObjectsApi(kc.api_client())
+    for w in custom.list_namespaced_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+                                                  f"kestrel-{tenant}", "workloads")["items"]:
+        if any(o.get("name") == job_id for o in w["metadata"].get("ownerReferences", [])):
+            return dict(w)
+    return None
+
+
+async def test_a_held_job_waits_at_the_runway_check_and_kubectl_describe_says_why(
+        loop: Loop) -> None:
+    # 1 GPU x 100 s x 0.01 = 1 credit each: the first takes the whole budget.
+    client = await loop.tenant("1")
+    tenant = loop.tenants[-1]
+    first = await client.submit_job(name="first", gpus=1, max_duration_s=100, sim_duration_s=60,
+                                    flavor="gpu-h100")
+    held = await client.submit_job(name="second", gpus=1, max_duration_s=100,
+                                   sim_duration_s=2, flavor="gpu-h100")
+    assert (first.state, held.state) == (JobState.ADMITTED, JobState.HELD)
+
+    async def pending_with_reason() -> dict[str, Any] | None:
+        w = await asyncio.to_thread(workload, tenant, held.job_id)
+        checks = (w or {}).get("status", {}).get("admissionChecks", [])
+        ours = [c for c in checks if c["name"] == "kestrel-runway"]
+        return w if ours and ours[0]["state"] == "Pending" and "held by Kestrel" in ours[0].get(
+            "message", "") else None
+
+    w = await until("the held job's Workload Pending at the runway check", pending_with_reason)
+    described = kc.kubectl("describe", "workload", "-n", f"kestrel-{tenant}",
+                           w["metadata"]["name"], check=True).stdout
+    assert "kestrel-runway" in described and "held by Kestrel for budget" in described
+    assert not kc.condition_true(w, "Admitted")  # waiting: not metered
+
+    async with loop.operator() as op:
+        await op.top_up(tenant, "1")
+    await until("the held job released and run", in_state(client, held.job_id,
+                                                            JobState.SUCCEEDED))
+    await client.close()
+
+
+async def test_a_budget_cut_to_zero_evicts_running_work_metered_to_the_eviction_instant(
+        loop: Loop) -> None:
+    client = await loop.tenant("10")
+    tenant = loop.tenants[-1]
+    job = await client.submit_job(name="long", gpus=2, max_duration_s=300, sim_duration_s=240,
+                                  flavor="gpu-a10")
+    await until("running", in_state(client, job.job_id, JobState.RUNNING))
+    async with loop.operator() as op:
+        runway = await client.runway()
+        await op.adjust_credits(tenant, -runway.credits, note="e2e: budget withdrawn")
+    evicted = await until("evicted", in_state(client, job.job_id, JobState.EVICTED))
+    assert evicted.state is JobState.EVICTED
+    w = await asyncio.to_thread(workload, tenant, job.job_id)
+    assert w is not None and (w.get("spec") or {}).get("active") is False
+    admitted, gone = kc.condition(w, "Admitted"), kc.condition(w, "Evicted")
+    assert admitted is not None and gone is not None
+    got = await until("the allocation closed", lambda: allocation(loop.dsn, job.job_id))
+    want_end = kc.k8s_time_s(gone["lastTransitionTime"]) * 1_000_000
+    want_start = kc.k8s_time_s(admitted["lastTransitionTime"]) * 1_000_000
+    assert got[2] == want_end and got[1] == 2 * (want_end - want_start)
+    await client.close()
+
+
+async def test_a_cancelled_job_is_metered_to_the_cancel_instant(loop: Loop) -> None:
+    client = await loop.tenant("10")
+    job = await client.submit_job(name="cancel-me", gpus=1, max_duration_s=300,
+                                  sim_duration_s=240, flavor="gpu-h100")
+    await until("running", in_state(client, job.job_id, JobState.RUNNING))
+    await client.cancel_job(job.job_id, reason="e2e")
+    got = await until("the allocation closed", lambda: allocation(loop.dsn, job.job_id))
+    conn = await asyncpg.connect(loop.dsn)
+    failed = await conn.fetchval(
+        "SELECT time_us FROM workload_events WHERE workload_id = $1 AND type = 5", job.job_id)
+    started = await conn.fetchval(
+        "SELECT time_us FROM workload_events WHERE workload_id = $1 AND type = 1", job.job_id)
+    await conn.close()
+    assert got[2] == failed and got[1] == failed - started
+    assert (await client.get_job(job.job_id)).state is JobState.CANCELLED
+    await client.close()
+
+
+async def test_kill_9_of_placer_and_admission_mid_scenario_loses_nothing(loop: Loop) -> None:
+    client = await loop.tenant("100")
+    tenant = loop.tenants[-1]
+    jobs = [await client.submit_job(name=f"j{i}", gpus=1, max_duration_s=60, sim_duration_s=3,
+                                    flavor="gpu-h100") for i in range(6)]
+    loop.procs["placer"].kill9()
+    loop.procs["admission"].kill9()
+    loop.start("admission")
+    loop.start("placer")
+    more = [await client.submit_job(name=f"k{i}", gpus=1, max_duration_s=60, sim_duration_s=3,
+                                    flavor="gpu-a10") for i in range(4)]
+    for j in [*jobs, *more]:
+        await until(f"{j.spec.name} succeeded", in_state(client, j.job_id, JobState.SUCCEEDED))
+    k8s_jobs = kc.kubectl("get", "jobs", "-n", f"kestrel-{tenant}", "-o", "name",
+                          check=True).stdout.split()
+    assert sorted(k8s_jobs) == sorted(f"job.batch/{j.job_id}" for j in [*jobs, *more])
+    want = await asyncio.to_thread(kc.gpu_seconds_by_job, [f"kestrel-{tenant}"])
+    for j in [*jobs, *more]:
+        got = await until("closed", lambda j=j: allocation(loop.dsn, j.job_id))  # type: ignore[misc]
+        assert got[1] == int(want[j.job_id] * 1_000_000)
+    await client.close()
