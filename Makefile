@@ -60,7 +60,7 @@ bench-gateway: setup ## Submit rate and latency vs the gRPC ceiling of this mach
 	$(PY) bench/gateway.py $(BENCH_ARGS)
 
 bench-jobs: setup ## The whole plane vs bare Kueue on the real cluster; the gate; the ledger vs Kubernetes
-	$(PY) bench/jobs.py $(BENCH_ARGS)
+	$(PY) -m bench.jobs $(BENCH_ARGS)
 
 up: setup grpcurl ## Run the plane for people: devstack + meter, gateway, admission (+ placer)
 	$(PY) -m kestrel.plane up

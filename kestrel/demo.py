@@ -162,7 +162,10 @@ async def summary(stack: Stack, demo: Demo) -> bool:
         admitted, held, rejected = (ever.get((tenant, s), 0) for s in (2, 1, 9))
         g_ledger = sum((ledger.get(j.job_id, (Decimal(0), Decimal(0)))[0] for j in jobs),
                        Decimal(0))
-        g_k8s = sum((k8s.get(j.job_id, Decimal(0)) for j in jobs), Decimal(0))
+        # Metered from Kueue's Admitted to Finished, never past the job's bound.
+        g_k8s = sum((min(k8s.get(j.job_id, Decimal(0)),
+                         Decimal(j.spec.gpus * j.spec.max_duration_s)) for j in jobs),
+                    Decimal(0))
         spend = sum((ledger.get(j.job_id, (Decimal(0), Decimal(0)))[1] for j in jobs),
                     Decimal(0))
         overrun = sum((max(Decimal(0), ledger.get(j.job_id, (0, Decimal(0)))[1] - j.reserved)

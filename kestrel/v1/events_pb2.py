@@ -25,25 +25,25 @@ _sym_db = _symbol_database.Default()
 from kestrel.v1 import common_pb2 as kestrel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kestrel/v1/events.proto\x12\nkestrel.v1\x1a\x17kestrel/v1/common.proto\"\x83\x02\n\rWorkloadEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x13\n\x0bworkload_id\x18\x03 \x01(\t\x12&\n\x04kind\x18\x04 \x01(\x0e\x32\x18.kestrel.v1.WorkloadKind\x12+\n\x04type\x18\x05 \x01(\x0e\x32\x1d.kestrel.v1.WorkloadEventType\x12\x0f\n\x07time_us\x18\x06 \x01(\x03\x12\x0e\n\x06\x66lavor\x18\x07 \x01(\t\x12\x0c\n\x04gpus\x18\x08 \x01(\x05\x12\x0e\n\x06reason\x18\t \x01(\t\x12\x15\n\rk8s_namespace\x18\n \x01(\t\x12\x10\n\x08k8s_name\x18\x0b \x01(\t\"y\n\rRunwayChanged\x12\"\n\x06runway\x18\x01 \x01(\x0b\x32\x12.kestrel.v1.Runway\x12.\n\x06reason\x18\x02 \x01(\x0e\x32\x1e.kestrel.v1.RunwayChangeReason\x12\x14\n\x0c\x63ommitted_us\x18\x03 \x01(\x03\"i\n\x0bJobAdmitted\x12\x1c\n\x03job\x18\x01 \x01(\x0b\x32\x0f.kestrel.v1.Job\x12\x10\n\x08reserved\x18\x02 \x01(\t\x12\x15\n\rpriced_flavor\x18\x03 \x01(\t\x12\x13\n\x0b\x61\x64mitted_us\x18\x04 \x01(\x03\"\xa4\x01\n\x0fJobStateChanged\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12(\n\nfrom_state\x18\x03 \x01(\x0e\x32\x14.kestrel.v1.JobState\x12&\n\x08to_state\x18\x04 \x01(\x0e\x32\x14.kestrel.v1.JobState\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0f\n\x07time_us\x18\x06 \x01(\x03\"\xa9\x01\n\x0e\x45ndpointScaled\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x15\n\rfrom_replicas\x18\x03 \x01(\x05\x12\x13\n\x0bto_replicas\x18\x04 \x01(\x05\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0f\n\x07time_us\x18\x06 \x01(\x03\x12\x10\n\x08runway_s\x18\x07 \x01(\x01\x12\x16\n\x0eprojected_cost\x18\x08 \x01(\t*\xfe\x01\n\x11WorkloadEventType\x12#\n\x1fWORKLOAD_EVENT_TYPE_UNSPECIFIED\x10\x00\x12 \n\x1cWORKLOAD_EVENT_TYPE_ADMITTED\x10\x01\x12\x1f\n\x1bWORKLOAD_EVENT_TYPE_STARTED\x10\x02\x12 \n\x1cWORKLOAD_EVENT_TYPE_FINISHED\x10\x03\x12\x1f\n\x1bWORKLOAD_EVENT_TYPE_EVICTED\x10\x04\x12\x1e\n\x1aWORKLOAD_EVENT_TYPE_FAILED\x10\x05\x12\x1e\n\x1aWORKLOAD_EVENT_TYPE_QUEUED\x10\x06*\xb1\x03\n\x12RunwayChangeReason\x12$\n RUNWAY_CHANGE_REASON_UNSPECIFIED\x10\x00\x12\x1f\n\x1bRUNWAY_CHANGE_REASON_TOP_UP\x10\x01\x12*\n&RUNWAY_CHANGE_REASON_ALLOCATION_OPENED\x10\x02\x12*\n&RUNWAY_CHANGE_REASON_ALLOCATION_CLOSED\x10\x03\x12\x1d\n\x19RUNWAY_CHANGE_REASON_TICK\x10\x04\x12%\n!RUNWAY_CHANGE_REASON_THRESHOLD_50\x10\x05\x12%\n!RUNWAY_CHANGE_REASON_THRESHOLD_10\x10\x06\x12\"\n\x1eRUNWAY_CHANGE_REASON_EXHAUSTED\x10\x07\x12$\n RUNWAY_CHANGE_REASON_RESERVATION\x10\x08\x12 \n\x1cRUNWAY_CHANGE_REASON_STARTUP\x10\t\x12#\n\x1fRUNWAY_CHANGE_REASON_ADJUSTMENT\x10\nb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kestrel/v1/events.proto\x12\nkestrel.v1\x1a\x17kestrel/v1/common.proto\"\x9b\x02\n\rWorkloadEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x13\n\x0bworkload_id\x18\x03 \x01(\t\x12&\n\x04kind\x18\x04 \x01(\x0e\x32\x18.kestrel.v1.WorkloadKind\x12+\n\x04type\x18\x05 \x01(\x0e\x32\x1d.kestrel.v1.WorkloadEventType\x12\x0f\n\x07time_us\x18\x06 \x01(\x03\x12\x0e\n\x06\x66lavor\x18\x07 \x01(\t\x12\x0c\n\x04gpus\x18\x08 \x01(\x05\x12\x0e\n\x06reason\x18\t \x01(\t\x12\x15\n\rk8s_namespace\x18\n \x01(\t\x12\x10\n\x08k8s_name\x18\x0b \x01(\t\x12\x16\n\x0emax_duration_s\x18\x0c \x01(\x03\"y\n\rRunwayChanged\x12\"\n\x06runway\x18\x01 \x01(\x0b\x32\x12.kestrel.v1.Runway\x12.\n\x06reason\x18\x02 \x01(\x0e\x32\x1e.kestrel.v1.RunwayChangeReason\x12\x14\n\x0c\x63ommitted_us\x18\x03 \x01(\x03\"i\n\x0bJobAdmitted\x12\x1c\n\x03job\x18\x01 \x01(\x0b\x32\x0f.kestrel.v1.Job\x12\x10\n\x08reserved\x18\x02 \x01(\t\x12\x15\n\rpriced_flavor\x18\x03 \x01(\t\x12\x13\n\x0b\x61\x64mitted_us\x18\x04 \x01(\x03\"\xa4\x01\n\x0fJobStateChanged\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12(\n\nfrom_state\x18\x03 \x01(\x0e\x32\x14.kestrel.v1.JobState\x12&\n\x08to_state\x18\x04 \x01(\x0e\x32\x14.kestrel.v1.JobState\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0f\n\x07time_us\x18\x06 \x01(\x03\"\xa9\x01\n\x0e\x45ndpointScaled\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x15\n\rfrom_replicas\x18\x03 \x01(\x05\x12\x13\n\x0bto_replicas\x18\x04 \x01(\x05\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0f\n\x07time_us\x18\x06 \x01(\x03\x12\x10\n\x08runway_s\x18\x07 \x01(\x01\x12\x16\n\x0eprojected_cost\x18\x08 \x01(\t*\xfe\x01\n\x11WorkloadEventType\x12#\n\x1fWORKLOAD_EVENT_TYPE_UNSPECIFIED\x10\x00\x12 \n\x1cWORKLOAD_EVENT_TYPE_ADMITTED\x10\x01\x12\x1f\n\x1bWORKLOAD_EVENT_TYPE_STARTED\x10\x02\x12 \n\x1cWORKLOAD_EVENT_TYPE_FINISHED\x10\x03\x12\x1f\n\x1bWORKLOAD_EVENT_TYPE_EVICTED\x10\x04\x12\x1e\n\x1aWORKLOAD_EVENT_TYPE_FAILED\x10\x05\x12\x1e\n\x1aWORKLOAD_EVENT_TYPE_QUEUED\x10\x06*\xb1\x03\n\x12RunwayChangeReason\x12$\n RUNWAY_CHANGE_REASON_UNSPECIFIED\x10\x00\x12\x1f\n\x1bRUNWAY_CHANGE_REASON_TOP_UP\x10\x01\x12*\n&RUNWAY_CHANGE_REASON_ALLOCATION_OPENED\x10\x02\x12*\n&RUNWAY_CHANGE_REASON_ALLOCATION_CLOSED\x10\x03\x12\x1d\n\x19RUNWAY_CHANGE_REASON_TICK\x10\x04\x12%\n!RUNWAY_CHANGE_REASON_THRESHOLD_50\x10\x05\x12%\n!RUNWAY_CHANGE_REASON_THRESHOLD_10\x10\x06\x12\"\n\x1eRUNWAY_CHANGE_REASON_EXHAUSTED\x10\x07\x12$\n RUNWAY_CHANGE_REASON_RESERVATION\x10\x08\x12 \n\x1cRUNWAY_CHANGE_REASON_STARTUP\x10\t\x12#\n\x1fRUNWAY_CHANGE_REASON_ADJUSTMENT\x10\nb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kestrel.v1.events_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKLOADEVENTTYPE']._serialized_start=896
-  _globals['_WORKLOADEVENTTYPE']._serialized_end=1150
-  _globals['_RUNWAYCHANGEREASON']._serialized_start=1153
-  _globals['_RUNWAYCHANGEREASON']._serialized_end=1586
+  _globals['_WORKLOADEVENTTYPE']._serialized_start=920
+  _globals['_WORKLOADEVENTTYPE']._serialized_end=1174
+  _globals['_RUNWAYCHANGEREASON']._serialized_start=1177
+  _globals['_RUNWAYCHANGEREASON']._serialized_end=1610
   _globals['_WORKLOADEVENT']._serialized_start=65
-  _globals['_WORKLOADEVENT']._serialized_end=324
-  _globals['_RUNWAYCHANGED']._serialized_start=326
-  _globals['_RUNWAYCHANGED']._serialized_end=447
-  _globals['_JOBADMITTED']._serialized_start=449
-  _globals['_JOBADMITTED']._serialized_end=554
-  _globals['_JOBSTATECHANGED']._serialized_start=557
-  _globals['_JOBSTATECHANGED']._serialized_end=721
-  _globals['_ENDPOINTSCALED']._serialized_start=724
-  _globals['_ENDPOINTSCALED']._serialized_end=893
+  _globals['_WORKLOADEVENT']._serialized_end=348
+  _globals['_RUNWAYCHANGED']._serialized_start=350
+  _globals['_RUNWAYCHANGED']._serialized_end=471
+  _globals['_JOBADMITTED']._serialized_start=473
+  _globals['_JOBADMITTED']._serialized_end=578
+  _globals['_JOBSTATECHANGED']._serialized_start=581
+  _globals['_JOBSTATECHANGED']._serialized_end=745
+  _globals['_ENDPOINTSCALED']._serialized_start=748
+  _globals['_ENDPOINTSCALED']._serialized_end=917
 # @@protoc_insertion_point(module_scope)

@@ -123,6 +123,7 @@ class WorkloadEvent(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     K8S_NAMESPACE_FIELD_NUMBER: _builtins.int
     K8S_NAME_FIELD_NUMBER: _builtins.int
+    MAX_DURATION_S_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
     """Stable id of this event; the ledger's unique key, also Nats-Msg-Id."""
     tenant: _builtins.str
@@ -138,6 +139,11 @@ class WorkloadEvent(_message.Message):
     k8s_namespace: _builtins.str
     """Where it ran: Kubernetes namespace/name of the Workload."""
     k8s_name: _builtins.str
+    max_duration_s: _builtins.int
+    """The bound the workload runs under (its Job's activeDeadlineSeconds, i.e. the
+    max_duration_s its reservation was priced for): the meter never meters an
+    allocation beyond start + this, whatever Kubernetes' own latency. 0: no bound.
+    """
     def __init__(
         self,
         *,
@@ -152,10 +158,11 @@ class WorkloadEvent(_message.Message):
         reason: _builtins.str = ...,
         k8s_namespace: _builtins.str = ...,
         k8s_name: _builtins.str = ...,
+        max_duration_s: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id", b"event_id", "flavor", b"flavor", "gpus", b"gpus", "k8s_name", b"k8s_name", "k8s_namespace", b"k8s_namespace", "kind", b"kind", "reason", b"reason", "tenant", b"tenant", "time_us", b"time_us", "type", b"type", "workload_id", b"workload_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id", b"event_id", "flavor", b"flavor", "gpus", b"gpus", "k8s_name", b"k8s_name", "k8s_namespace", b"k8s_namespace", "kind", b"kind", "max_duration_s", b"max_duration_s", "reason", b"reason", "tenant", b"tenant", "time_us", b"time_us", "type", b"type", "workload_id", b"workload_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -43,10 +43,11 @@ def _now() -> str:
 def view(obj: dict[str, Any], check: str) -> WorkloadView | None:
     """The parts of a Workload the check decides on; None when our check is not on it."""
     status = obj.get("status") or {}
-    entry = next((c for c in status.get("admissionChecks") or [] if c.get("name") == check),
-                 None)
-    if entry is None:
+    entries = status.get("admissionChecks") or []
+    index = next((i for i, c in enumerate(entries) if c.get("name") == check), None)
+    if index is None:
         return None
+    entry = entries[index]
     meta = obj.get("metadata") or {}
     owner = next((o.get("name", "") for o in meta.get("ownerReferences") or []
                   if o.get("kind") == "Job"), "")
@@ -55,7 +56,7 @@ def view(obj: dict[str, Any], check: str) -> WorkloadView | None:
                         entry.get("state", ""), entry.get("message", ""),
                         conds.get("Admitted") == "True",
                         (obj.get("spec") or {}).get("active", True) is not False,
-                        conds.get("Finished") == "True")
+                        conds.get("Finished") == "True", index)
 
 
 class Kueue:
@@ -86,19 +87,18 @@ class Kueue:
             emit(event["type"], event["object"])
 
     def set_check(self, w: WorkloadView, check: str, v: Verdict) -> None:
-        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
-            KUEUE_GROUP, KUEUE_API_VERSION, w.namespace, "workloads", w.name)
-        entries = list((obj.get("status") or {}).get("admissionChecks") or [])
-        for i, e in enumerate(entries):
-            if e.get("name") == check:
-                moved = e.get("state") != v.state.value
-                entries[i] = {**e, "state": v.state.value, "message": v.message[:1024],
-                              "lastTransitionTime": _now() if moved else e.get(
-                                  "lastTransitionTime", _now())}
+        """One JSON Patch on our entry, found at the watched index; its `test` op makes
+        the apiserver refuse the patch if the list moved meanwhile."""
+        at = f"/status/admissionChecks/{w.check_index}"
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": f"{at}/name", "value": check},
+            {"op": "replace", "path": f"{at}/state", "value": v.state.value},
+            {"op": "add", "path": f"{at}/message", "value": v.message[:1024]}]
+        if w.check_state != v.state.value:
+            ops.append({"op": "add", "path": f"{at}/lastTransitionTime", "value": _now()})
         self.custom.patch_namespaced_custom_object_status(
-            KUEUE_GROUP, KUEUE_API_VERSION, w.namespace, "workloads", w.name,
-            {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-             "status": {"admissionChecks": entries}})
+            KUEUE_GROUP, KUEUE_API_VERSION, w.namespace, "workloads", w.name, ops,
+            _content_type="application/json-patch+json")
 
     def deactivate(self, w: WorkloadView) -> None:
         self.custom.patch_namespaced_custom_object(
@@ -213,8 +213,9 @@ class RunwayCheckController:
                      verdict.message)
             try:
                 await asyncio.to_thread(kueue.set_check, w, self.check, verdict)
-            except ApiException as exc:  # a conflict: decide it again on the next pass
-                log.debug("check patch of %s/%s: %s", w.namespace, w.name, exc.reason)
+            except ApiException as exc:  # the list moved (test op) or a conflict: next pass
+                log.info("check patch of %s/%s refused (%s %s); retrying", w.namespace,
+                         w.name, exc.status, exc.reason)
                 self.dirty.add(f"{w.namespace}/{w.name}")
         for w in to_deactivate(views, jobs, money):
             key = f"{w.namespace}/{w.name}"

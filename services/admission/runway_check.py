@@ -44,6 +44,7 @@ class WorkloadView:
     admitted: bool  # Admitted condition True
     active: bool  # spec.active
     finished: bool
+    check_index: int = 0  # position of our entry in status.admissionChecks
 
 
 @dataclass(frozen=True)

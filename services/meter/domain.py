@@ -64,6 +64,7 @@ class Event:
     time_us: int
     flavor: str
     gpus: int
+    max_duration_s: int = 0  # the bound the workload runs under; 0: none
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,16 @@ class Allocation:
     start_us: int | None
     metered_until_us: int | None
     end_us: int | None
+    # start + the workload's bound: nothing is metered beyond it, so a job cannot
+    # cost more than its reservation even when Kubernetes stops it late.
+    limit_us: int | None = None
+
+    def clamp(self, t: int) -> int:
+        return t if self.limit_us is None else min(t, self.limit_us)
+
+
+def _limit(start_us: int, max_duration_s: int) -> int | None:
+    return start_us + max_duration_s * 1_000_000 if max_duration_s > 0 else None
 
 
 @dataclass(frozen=True)
@@ -147,14 +158,16 @@ def apply_events(current: Mapping[str, Allocation], events: Iterable[Event],
             if a is None:
                 state[ev.workload_id] = Allocation(
                     ev.workload_id, ev.tenant, ev.kind, ev.flavor, ev.gpus, price_of(ev.flavor),
-                    AllocStatus.OPEN, ev.time_us, ev.time_us, None)
+                    AllocStatus.OPEN, ev.time_us, ev.time_us, None,
+                    _limit(ev.time_us, ev.max_duration_s))
                 opened.add(ev.workload_id)
             elif a.status is AllocStatus.PENDING:
                 assert a.end_us is not None
-                end = max(a.end_us, ev.time_us)
                 settled = replace(a, start_us=ev.time_us, metered_until_us=ev.time_us,
                                   flavor=ev.flavor or a.flavor, gpus=ev.gpus or a.gpus,
-                                  price=price_of(ev.flavor or a.flavor))
+                                  price=price_of(ev.flavor or a.flavor),
+                                  limit_us=_limit(ev.time_us, ev.max_duration_s))
+                end = settled.clamp(max(a.end_us, ev.time_us))
                 rows += _close_rows(settled, end, ev.event_id)
                 state[ev.workload_id] = replace(settled, status=AllocStatus.CLOSED,
                                                 metered_until_us=end, end_us=end)
@@ -167,7 +180,7 @@ def apply_events(current: Mapping[str, Allocation], events: Iterable[Event],
                     AllocStatus.PENDING, None, None, ev.time_us)
             elif a.status is AllocStatus.OPEN:
                 assert a.start_us is not None
-                end = max(ev.time_us, a.start_us)
+                end = a.clamp(max(ev.time_us, a.start_us))
                 rows += _close_rows(a, end, ev.event_id)
                 state[ev.workload_id] = replace(a, status=AllocStatus.CLOSED,
                                                 metered_until_us=end, end_us=end)
@@ -184,11 +197,12 @@ def tick(open_allocations: Iterable[Allocation], cut_to_us: int, tick_id: str) -
     for a in open_allocations:
         if a.status is not AllocStatus.OPEN or a.metered_until_us is None:
             continue
-        if cut_to_us <= a.metered_until_us:
+        cut = a.clamp(cut_to_us)
+        if cut <= a.metered_until_us:
             continue
         rows.append(Row(a.tenant, a.workload_id, a.flavor, a.gpus, a.metered_until_us,
-                        cut_to_us, a.price, f"{tick_id}/{a.workload_id}", RowKind.USAGE))
-        state[a.workload_id] = replace(a, metered_until_us=cut_to_us)
+                        cut, a.price, f"{tick_id}/{a.workload_id}", RowKind.USAGE))
+        state[a.workload_id] = replace(a, metered_until_us=cut)
     return Outcome(state, rows, frozenset(), frozenset())
 
 
@@ -232,10 +246,12 @@ class RunwayFigures:
 
 
 def burn_per_s(open_allocations: Iterable[Allocation]) -> tuple[Decimal, int]:
+    """What the open allocations cost per second (one past its bound costs nothing)."""
     burn = ZERO
     gpus = 0
     for a in open_allocations:
-        if a.status is AllocStatus.OPEN:
+        if a.status is AllocStatus.OPEN and (a.limit_us is None
+                                             or a.metered_until_us != a.limit_us):
             burn += a.price * a.gpus
             gpus += a.gpus
     return burn, gpus

@@ -29,13 +29,13 @@ from services.meter.domain import (
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 _ALLOC_COLS = ("workload_id, tenant, kind, flavor, gpus, price, status, start_us, "
-               "metered_until_us, end_us")
+               "metered_until_us, end_us, limit_us")
 
 
 def _alloc(r: asyncpg.Record) -> Allocation:
     return Allocation(r["workload_id"], r["tenant"], r["kind"], r["flavor"], r["gpus"],
                       r["price"], AllocStatus(r["status"]), r["start_us"],
-                      r["metered_until_us"], r["end_us"])
+                      r["metered_until_us"], r["end_us"], r["limit_us"])
 
 
 @dataclass(frozen=True)
@@ -172,16 +172,17 @@ class MeterStore:
         """Record events (dropping ids already seen), meter them, all in one transaction."""
         async with self.pool.acquire() as conn, conn.transaction():
             fresh_ids = {r["event_id"] for r in await conn.fetch("""
-                INSERT INTO workload_events
+                INSERT INTO workload_events (event_id, tenant, workload_id, kind, type, time_us,
+                                             flavor, gpus, received_us, max_duration_s)
                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::smallint[],
                                      $5::smallint[], $6::bigint[], $7::text[], $8::int[],
-                                     $9::bigint[])
+                                     $9::bigint[], $10::bigint[])
                 ON CONFLICT (event_id) DO NOTHING RETURNING event_id""",
                 [e.event_id for e in events], [e.tenant for e in events],
                 [e.workload_id for e in events], [e.kind for e in events],
                 [int(e.type) for e in events], [e.time_us for e in events],
                 [e.flavor for e in events], [e.gpus for e in events],
-                [now_us] * len(events))}
+                [now_us] * len(events), [e.max_duration_s for e in events])}
             # Keep the first copy of each id newly stored (a batch may hold two).
             fresh: list[Event] = []
             for e in events:
@@ -222,16 +223,17 @@ class MeterStore:
             INSERT INTO allocations ({_ALLOC_COLS})
             SELECT * FROM unnest($1::text[], $2::text[], $3::smallint[], $4::text[],
                                  $5::int[], $6::numeric[], $7::smallint[], $8::bigint[],
-                                 $9::bigint[], $10::bigint[])
+                                 $9::bigint[], $10::bigint[], $11::bigint[])
             ON CONFLICT (workload_id) DO UPDATE SET
               flavor = excluded.flavor, gpus = excluded.gpus, price = excluded.price,
               status = excluded.status, start_us = excluded.start_us,
-              metered_until_us = excluded.metered_until_us, end_us = excluded.end_us""",
+              metered_until_us = excluded.metered_until_us, end_us = excluded.end_us,
+              limit_us = excluded.limit_us""",
             [a.workload_id for a in allocs], [a.tenant for a in allocs],
             [a.kind for a in allocs], [a.flavor for a in allocs], [a.gpus for a in allocs],
             [a.price for a in allocs], [int(a.status) for a in allocs],
             [a.start_us for a in allocs], [a.metered_until_us for a in allocs],
-            [a.end_us for a in allocs])
+            [a.end_us for a in allocs], [a.limit_us for a in allocs])
 
     @staticmethod
     async def _insert_rows(conn: asyncpg.Connection, rows: list[Row],

@@ -31,8 +31,10 @@ def event_from_wire(msg: events_pb2.WorkloadEvent) -> Event:
         problems.append("gpus is negative")
     if problems:
         raise BadEvent("; ".join(problems))
+    if msg.max_duration_s < 0:
+        raise BadEvent("max_duration_s is negative")
     return Event(msg.event_id, msg.tenant, msg.workload_id, int(msg.kind),
-                 EventType(msg.type), msg.time_us, msg.flavor, msg.gpus)
+                 EventType(msg.type), msg.time_us, msg.flavor, msg.gpus, msg.max_duration_s)
 
 
 def runway_to_wire(f: RunwayFigures) -> common_pb2.Runway:

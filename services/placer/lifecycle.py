@@ -71,6 +71,7 @@ class Derived:
     reason: str
     k8s_namespace: str
     k8s_name: str
+    max_duration_s: int = 0  # the Job's activeDeadlineSeconds: the meter's bound
 
     @property
     def event_id(self) -> str:
@@ -244,8 +245,10 @@ def derive(obs: Observed) -> list[Derived]:
     flavor = flavor or pinned_flavor(wl)
     gpus = gpus or job_gpus(job)
 
+    bound = int(((job or {}).get("spec") or {}).get("activeDeadlineSeconds") or 0)
+
     def event(kind: EventType, wid: str, at: int, reason: str) -> Derived:
-        return Derived(kind, tenant, job_id, wid, at, flavor, gpus, reason, ns, name)
+        return Derived(kind, tenant, job_id, wid, at, flavor, gpus, reason, ns, name, bound)
 
     admitted = condition(wl, "Admitted")
     evicted = condition(wl, "Evicted")

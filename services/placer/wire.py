@@ -24,4 +24,4 @@ def event_to_wire(e: Derived) -> events_pb2.WorkloadEvent:
         event_id=e.event_id, tenant=e.tenant, workload_id=e.workload_id,
         kind=common_pb2.WORKLOAD_KIND_JOB, type=int(e.type),  # type: ignore[arg-type]
         time_us=e.time_us, flavor=e.flavor, gpus=e.gpus, reason=e.reason,
-        k8s_namespace=e.k8s_namespace, k8s_name=e.k8s_name)
+        k8s_namespace=e.k8s_namespace, k8s_name=e.k8s_name, max_duration_s=e.max_duration_s)

@@ -28,8 +28,8 @@ T0 = 1_700_000_000_000_000
 
 
 def ev(eid: str, typ: EventType, t: int, wid: str = "w1", gpus: int = 2,
-       flavor: str = "gpu-h100") -> Event:
-    return Event(eid, "acme", wid, 1, typ, T0 + t, flavor, gpus)
+       flavor: str = "gpu-h100", bound_s: int = 0) -> Event:
+    return Event(eid, "acme", wid, 1, typ, T0 + t, flavor, gpus, bound_s)
 
 
 def open_alloc(metered: int, start: int = 0, gpus: int = 2) -> Allocation:
@@ -77,6 +77,13 @@ CASES = [
     Case("a second admission under another id does not restart the clock",
          {"w1": open_alloc(metered=1_000_000)}, [ev("a2", EventType.ADMITTED, 5_000_000)],
          AllocStatus.OPEN),
+    Case("a finish past the workload's bound is metered only up to the bound", {},
+         [ev("a", EventType.ADMITTED, 0, bound_s=3), ev("f", EventType.FINISHED, 5_000_000)],
+         AllocStatus.CLOSED, [(0, 3_000_000, RowKind.USAGE)]),
+    Case("a finish before its start, past the bound, settles at the bound", {},
+         [ev("f", EventType.FINISHED, 9_000_000), ev("a", EventType.ADMITTED, 1_000_000,
+                                                    bound_s=2)],
+         AllocStatus.CLOSED, [(1_000_000, 3_000_000, RowKind.USAGE)]),
     Case("a finish at the admission instant closes with no row", {},
          [ev("a", EventType.ADMITTED, 10), ev("f", EventType.FINISHED, 10)],
          AllocStatus.CLOSED),
@@ -154,3 +161,15 @@ def test_runway_is_remaining_over_burn_and_unlimited_at_zero_burn() -> None:
     assert fig("100", "40").unlimited
     assert fig("100", "120", burn="1").runway_s == 0.0
     assert band(fig("100", "120")) is Band.EXHAUSTED
+
+
+def test_ticks_stop_at_the_bound_and_it_burns_nothing_past_it() -> None:
+    from services.meter.domain import burn_per_s
+
+    opened = apply_events({}, [ev("a", EventType.ADMITTED, 0, bound_s=2)], PRICES)
+    a = opened.allocations["w1"]
+    first = tick([a], T0 + 5_000_000, "t1")
+    assert [(r.start_us - T0, r.end_us - T0) for r in first.rows] == [(0, 2_000_000)]
+    done = first.allocations["w1"]
+    assert tick([done], T0 + 9_000_000, "t2").rows == []
+    assert burn_per_s([a])[1] == 2 and burn_per_s([done])[1] == 0

@@ -25,18 +25,21 @@ class Spec:
     start: int
     end: int
     close: EventType
+    bound_s: int  # 0: unbounded
 
 
 specs = st.builds(
-    lambda i, gpus, flavor, start, length, close: Spec(
-        f"w{i}", gpus, flavor, T0 + start, T0 + start + length, close),
+    lambda i, gpus, flavor, start, length, close, bound: Spec(
+        f"w{i}", gpus, flavor, T0 + start, T0 + start + length, close, bound),
     st.integers(0, 10_000), st.integers(1, 8), st.sampled_from(sorted(PRICES)),
     st.integers(0, 10_000_000), st.integers(0, 10_000_000),
-    st.sampled_from([EventType.FINISHED, EventType.EVICTED, EventType.FAILED]))
+    st.sampled_from([EventType.FINISHED, EventType.EVICTED, EventType.FAILED]),
+    st.sampled_from([0, 1, 3, 8, 20]))
 
 
 def events_of(s: Spec) -> list[Event]:
-    return [Event(f"{s.wid}-a", "acme", s.wid, 1, EventType.ADMITTED, s.start, s.flavor, s.gpus),
+    return [Event(f"{s.wid}-a", "acme", s.wid, 1, EventType.ADMITTED, s.start, s.flavor, s.gpus,
+                  s.bound_s),
             Event(f"{s.wid}-s", "acme", s.wid, 1, EventType.STARTED, s.start + 1, s.flavor,
                   s.gpus),
             Event(f"{s.wid}-c", "acme", s.wid, 1, s.close, s.end, s.flavor, s.gpus)]
@@ -83,7 +86,7 @@ def run(stream: list[object]) -> tuple[dict[str, Allocation], list[Row]]:
 
 @settings(max_examples=400, deadline=None)
 @given(scenarios())
-def test_rows_of_every_allocation_sum_exactly_to_gpus_times_elapsed(
+def test_rows_of_every_allocation_sum_exactly_to_gpus_times_elapsed_within_its_bound(
         scenario: tuple[list[Spec], list[object]]) -> None:
     allocs, stream = scenario
     state, rows = run(stream)
@@ -92,6 +95,8 @@ def test_rows_of_every_allocation_sum_exactly_to_gpus_times_elapsed(
         a = state[s.wid]
         assert a.status is AllocStatus.CLOSED
         end = max(s.end, s.start)
+        if s.bound_s:  # never metered past start + bound
+            end = min(end, s.start + s.bound_s * 1_000_000)
         mine = [r for r in rows if r.workload_id == s.wid]
         assert sum(r.gpu_us for r in mine) == s.gpus * (end - s.start)
         cost = sum((r.cost for r in mine), Decimal(0))
