@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -33,3 +36,27 @@ def stop_event_on_signals() -> asyncio.Event:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+async def drain(server: Any, tasks: Sequence[asyncio.Task[Any]], *, task_timeout_s: float,
+                http: tuple[WSGIServer, threading.Thread] | None, nc: Any, pool: Any,
+                closers: Sequence[Callable[[], Awaitable[Any]]] = ()) -> None:
+    """The end of every service, in order: stop taking RPCs (finishing those in flight),
+    let the background tasks finish their unit of work, then close the connections.
+
+    NATS is flushed and closed, not drained: every message a service fetched was
+    acknowledged after its effect committed, or is left for redelivery."""
+    await server.stop(grace_s=3)
+    for t in tasks:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(t, timeout=task_timeout_s)
+    if http is not None:
+        http[0].shutdown()
+    for close in closers:
+        with contextlib.suppress(Exception):
+            await close()
+    with contextlib.suppress(Exception):
+        await nc.flush(timeout=2)
+        await nc.close()
+    await pool.close()
+    logging.getLogger("kestrel.service").info("stopped")

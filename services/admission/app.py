@@ -17,7 +17,7 @@ from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
 from kestrel.jobs import JobRow
-from kestrel.service import serve_metrics
+from kestrel.service import drain, serve_metrics
 from kestrel.v1 import admission_pb2, admission_pb2_grpc
 from services.admission.consumers import Reevaluator, follow_runway, follow_workloads
 from services.admission.core import Admission
@@ -129,14 +129,4 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
         await stop.wait()
     finally:
         stop.set()
-        await server.stop(grace_s=3)
-        for t in tasks:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(t, timeout=3)
-        if http is not None:
-            http[0].shutdown()
-        with contextlib.suppress(Exception):
-            await nc.flush(timeout=2)
-            await nc.close()
-        await pool.close()
-        log.info("stopped")
+        await drain(server, tasks, task_timeout_s=3, http=http, nc=nc, pool=pool)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
@@ -17,6 +16,7 @@ from kestrel import bus
 from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
+from kestrel.service import drain
 from kestrel.v1 import (
     admission_pb2_grpc,
     gateway_pb2,
@@ -92,13 +92,6 @@ async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
     try:
         await stop.wait()
     finally:
-        await server.stop(grace_s=5)
-        await admission_ch.close()
-        await meter_ch.close()
-        if placer_ch is not None:
-            await placer_ch.close()
-        with contextlib.suppress(Exception):
-            await nc.close()
-        await redis.aclose()
-        await pool.close()
-        log.info("stopped")
+        channels = [admission_ch, meter_ch, *([placer_ch] if placer_ch is not None else [])]
+        await drain(server, [], task_timeout_s=0, http=None, nc=nc, pool=pool,
+                    closers=[*(c.close for c in channels), redis.aclose])

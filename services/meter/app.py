@@ -18,7 +18,7 @@ from kestrel.config import Endpoints, env_float, env_int, env_str
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
 from kestrel.money import parse_amount
-from kestrel.service import serve_metrics
+from kestrel.service import drain, serve_metrics
 from kestrel.v1 import meter_pb2, meter_pb2_grpc
 from services.meter.consumer import DURABLE, STREAM, WorkloadConsumer
 from services.meter.core import Meter, MeterSettings
@@ -167,13 +167,4 @@ async def run(config: MeterConfig, stop: asyncio.Event) -> None:
             await asyncio.wait_for(consumer_task, timeout=10)
         for t in (tick_task, lag_task, holds_task):
             t.cancel()
-        await server.stop(grace_s=3)
-        if http is not None:
-            http[0].shutdown()
-        # Every fetched message was acknowledged or left for redelivery: close, not
-        # drain (a drain waits out pull subscriptions' pending requests).
-        with contextlib.suppress(Exception):
-            await nc.flush(timeout=2)
-            await nc.close()
-        await pool.close()
-        log.info("stopped")
+        await drain(server, [], task_timeout_s=0, http=http, nc=nc, pool=pool)

@@ -16,7 +16,7 @@ from kestrel import cluster as kc
 from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
-from kestrel.service import serve_metrics
+from kestrel.service import drain, serve_metrics
 from kestrel.v1 import placer_pb2, placer_pb2_grpc
 from services.placer.consumers import consume_admitted, follow_runway
 from services.placer.core import Placer, PlacerSettings
@@ -140,14 +140,4 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
         log.info("draining: finishing placements in flight, then closing")
         stop.set()
         halt.set()
-        await server.stop(grace_s=3)
-        for t in tasks:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(t, timeout=10)
-        if http is not None:
-            http[0].shutdown()
-        with contextlib.suppress(Exception):
-            await nc.flush(timeout=2)
-            await nc.close()
-        await pool.close()
-        log.info("stopped")
+        await drain(server, tasks, task_timeout_s=10, http=http, nc=nc, pool=pool)

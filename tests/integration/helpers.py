@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -24,15 +25,21 @@ def wev(event_id: str, tenant: str, workload_id: str, typ: int, time_us: int, gp
 
 async def publish_events(nats_url: str, events: Sequence[events_pb2.WorkloadEvent],
                          msg_id_suffix: str = "", concurrency: int = 256) -> None:
-    """Publish to JetStream with acks. A suffix makes a redelivery JetStream won't drop."""
+    """Publish to JetStream with acks.
+
+    Each call's Nats-Msg-Ids carry a nonce: tests reuse event ids, and JetStream's
+    duplicate window (2 min) outlives a stream purge, so without it a later test's
+    events would be dropped before the meter saw them. The meter's own idempotency
+    is by event id, which is what the tests exercise."""
     nc = await bus.connect(nats_url, "test-publisher")
     js = nc.jetstream()
     sem = asyncio.Semaphore(concurrency)
+    nonce = uuid.uuid4().hex[:8]
 
     async def one(e: events_pb2.WorkloadEvent) -> None:
         async with sem:
             await bus.publish(js, bus.subject_workload(e.tenant, int(e.type)), e,
-                              e.event_id + msg_id_suffix)
+                              f"{e.event_id}{msg_id_suffix}~{nonce}")
 
     await asyncio.gather(*(one(e) for e in events))
     await nc.drain()

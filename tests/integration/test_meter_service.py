@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 
@@ -94,7 +95,8 @@ async def test_an_undecodable_event_is_terminated_and_does_not_block_the_stream(
     js = nc.jetstream()
     await js.publish("kestrel.workload.acme.finished", b"\xff\xff not protobuf",
                      headers={bus.TYPE_HEADER: "kestrel.v1.WorkloadEvent"})
-    await bus.publish(js, "kestrel.workload.acme.admitted", wev("", "acme", "x", 1, T0), "bad2")
+    await bus.publish(js, "kestrel.workload.acme.admitted", wev("", "acme", "x", 1, T0),
+                      f"bad-{uuid.uuid4().hex}")
     await nc.drain()
     await publish_events(clean_bus, [wev("ok", "acme", "good", 1, T0)])
     assert await eventually(lambda: count(db, "SELECT count(*) FROM allocations"),
