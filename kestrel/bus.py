@@ -93,13 +93,20 @@ STREAMS = [
 async def connect(url: str, name: str) -> NATS:
     """Connect with unlimited reconnects: the services ride out a NATS restart."""
 
+    last = ""
+
     async def on_error(exc: Exception) -> None:
-        log.warning("nats %s: %s", name, exc)
+        nonlocal last
+        if str(exc) != last:  # a reconnect loop repeats itself: say it once
+            last = str(exc)
+            log.warning("nats %s: %s", name, exc)
 
     async def on_disconnect() -> None:
         log.warning("nats %s: disconnected", name)
 
     async def on_reconnect() -> None:
+        nonlocal last
+        last = ""
         log.info("nats %s: reconnected", name)
 
     return await nats.connect(
