@@ -40,6 +40,8 @@ async def tap(url: str, subject: str, *, count: int = 0, out: TextIO = sys.stdou
 
     async def handler(msg: Msg) -> None:
         nonlocal seen
+        if count and seen >= count:  # already dispatched before the unsubscribe
+            return
         out.write(render(msg) + "\n")
         out.flush()
         seen += 1

@@ -26,9 +26,11 @@ async def test_tap_prints_each_message_as_one_decoded_json_line(clean_bus: str) 
             except TimeoutError:
                 continue
             lines.append(json.loads(raw))
-        await publish_events(clean_bus, [wev("e-2", "acme", "w", 3, T0 + 5, gpus=3)])
+        await publish_events(clean_bus, [wev(f"e-{i}", "acme", "w", 3, T0 + 5, gpus=3)
+                                         for i in range(2, 40)])
         lines.append(json.loads(await proc.stdout.readline()))  # type: ignore[union-attr]
         assert await proc.wait() == 0
+        assert await proc.stdout.read() == b""  # type: ignore[union-attr]  # --count 2: no more
     first, second = lines
     assert first["subject"] == "kestrel.workload.acme.admitted"
     assert first["type"] == "kestrel.v1.WorkloadEvent"
