@@ -22,6 +22,7 @@ from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
 from kestrel.v1 import admission_pb2, common_pb2, events_pb2, meter_pb2
+from kestrel.workloads import EventType
 
 log = logging.getLogger("kestrel.bus")
 
@@ -38,13 +39,8 @@ def subject_job_state(tenant: str) -> str:
     return f"kestrel.jobs.state.{tenant}"
 
 
-# kestrel.v1.WorkloadEventType -> the last token of its subject.
-WORKLOAD_EVENT_NAMES = {1: "admitted", 2: "started", 3: "finished", 4: "evicted", 5: "failed",
-                        6: "queued"}
-
-
 def subject_workload(tenant: str, event: str | int) -> str:
-    name = WORKLOAD_EVENT_NAMES[event] if isinstance(event, int) else event
+    name = EventType(event).word if isinstance(event, int) else event
     return f"kestrel.workload.{tenant}.{name}"
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import hashlib
 
+from kestrel.errors import Violations
+
 
 def _digest(query: tuple[object, ...]) -> str:
     return hashlib.sha256(repr(query).encode()).hexdigest()[:12]
@@ -32,3 +34,28 @@ def decode_int_token(token: str, query: tuple[object, ...]) -> int | None:
     if after is None or not after.isdigit():
         return None
     return int(after)
+
+
+def _bad(v: Violations) -> None:
+    v.add("page_token", "is not a token this query returned")
+
+
+def after_int(v: Violations, token: str, query: tuple[object, ...]) -> int:
+    """Where a page continues (0: from the start); a foreign token is a field violation."""
+    if not token:
+        return 0
+    after = decode_int_token(token, query)
+    if after is None:
+        _bad(v)
+        return 0
+    return after
+
+
+def after_str(v: Violations, token: str, query: tuple[object, ...]) -> str:
+    if not token:
+        return ""
+    after = decode_token(token, query)
+    if after is None:
+        _bad(v)
+        return ""
+    return after

@@ -34,7 +34,7 @@ from kestrel.errors import (
 from kestrel.grpcserver import map_errors
 from kestrel.jobs import JobRow, JobState, job_to_wire
 from kestrel.money import MoneyError, parse_amount
-from kestrel.paging import decode_int_token, decode_token, encode_token
+from kestrel.paging import after_int, after_str, encode_token
 from kestrel.v1 import (
     admission_pb2,
     admission_pb2_grpc,
@@ -222,13 +222,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._operator(context)
         v = Violations()
         size = check_page(v, request.page_size)
-        after = ""
-        if request.page_token:
-            decoded = decode_token(request.page_token, ("tenants",))
-            if decoded is None:
-                v.add("page_token", "is not a token this query returned")
-            else:
-                after = decoded
+        after = after_str(v, request.page_token, ("tenants",))
         v.raise_if_any()
         rows = await self.store.profiles(after, size + 1)
         token = encode_token(rows[size - 1].tenant, ("tenants",)) if len(rows) > size else ""
@@ -363,13 +357,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if any(s not in {int(x) for x in JobState} for s in states):
             v.add("states", "contains an unknown state")
         query = ("jobs", tenant.tenant, tuple(states))
-        after = 0
-        if request.page_token:
-            decoded = decode_int_token(request.page_token, query)
-            if decoded is None:
-                v.add("page_token", "is not a token this query returned")
-            else:
-                after = decoded
+        after = after_int(v, request.page_token, query)
         v.raise_if_any()
         rows = await self.store.jobs(tenant.tenant, states, after, size + 1)
         token = encode_token(rows[size - 1].seq, query) if len(rows) > size else ""

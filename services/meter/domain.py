@@ -21,6 +21,9 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from kestrel.money import ZERO, row_cost
+from kestrel.workloads import EventType
+
+__all__ = ["EventType"]
 
 
 class AllocStatus(enum.IntEnum):
@@ -28,25 +31,6 @@ class AllocStatus(enum.IntEnum):
     CLOSED = 2
     # A close arrived before the admission: end known, start not yet.
     PENDING = 3
-
-
-class EventType(enum.IntEnum):
-    # Values match kestrel.v1.WorkloadEventType.
-    ADMITTED = 1
-    STARTED = 2
-    FINISHED = 3
-    EVICTED = 4
-    FAILED = 5
-    QUEUED = 6
-
-    @property
-    def informational(self) -> bool:
-        """Recorded, never metered: metering runs from Kueue admission to the close."""
-        return self in (EventType.STARTED, EventType.QUEUED)
-
-    @property
-    def closes(self) -> bool:
-        return self in (EventType.FINISHED, EventType.EVICTED, EventType.FAILED)
 
 
 class RowKind(enum.StrEnum):

@@ -13,7 +13,7 @@ from kestrel.clock import now_us
 from kestrel.errors import NotFound, Violations
 from kestrel.grpcserver import map_errors
 from kestrel.money import MoneyError, fmt, parse_amount
-from kestrel.paging import decode_int_token, encode_token
+from kestrel.paging import after_int, encode_token
 from kestrel.v1 import meter_pb2, meter_pb2_grpc
 from services.meter.core import Meter
 from services.meter.wire import row_to_wire, runway_to_wire
@@ -61,13 +61,7 @@ class MeterServicer(meter_pb2_grpc.MeterServicer):
         if request.page_size < 0 or request.page_size > MAX_PAGE:
             v.add("page_size", f"must be between 0 (default 100) and {MAX_PAGE}")
         query = (request.tenant, request.start_us, request.end_us, request.workload_id)
-        after = 0
-        if request.page_token:
-            decoded = decode_int_token(request.page_token, query)
-            if decoded is None:
-                v.add("page_token", "is not a token this query returned")
-            else:
-                after = decoded
+        after = after_int(v, request.page_token, query)
         v.raise_if_any()
         if not await self.meter.store.tenant_exists(request.tenant):
             raise NotFound(f"tenant {request.tenant!r} has no account")

@@ -25,11 +25,14 @@ again after an eviction is a new allocation, `<job_id>.r2`, `.r3`, ...
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from kestrel.workloads import EventType
+
+__all__ = ["EventType"]
 
 JOB_ID_LABEL = "kestrel.dev/job-id"
 TENANT_LABEL = "kestrel.dev/tenant"
@@ -41,20 +44,6 @@ GPU = "nvidia.com/gpu"
 
 Obj = Mapping[str, Any]
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-class EventType(enum.IntEnum):
-    # Values match kestrel.v1.WorkloadEventType.
-    ADMITTED = 1
-    STARTED = 2
-    FINISHED = 3
-    EVICTED = 4
-    FAILED = 5
-    QUEUED = 6
-
-    @property
-    def word(self) -> str:
-        return self.name.lower()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,28 @@
+"""Workload event types, once for every service (values match kestrel.v1.WorkloadEventType)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class EventType(enum.IntEnum):
+    ADMITTED = 1
+    STARTED = 2
+    FINISHED = 3
+    EVICTED = 4
+    FAILED = 5
+    QUEUED = 6
+
+    @property
+    def word(self) -> str:
+        """The last token of its subject: kestrel.workload.<tenant>.<word>."""
+        return self.name.lower()
+
+    @property
+    def informational(self) -> bool:
+        """Recorded, never metered: metering runs from Kueue admission to the close."""
+        return self in (EventType.STARTED, EventType.QUEUED)
+
+    @property
+    def closes(self) -> bool:
+        return self in (EventType.FINISHED, EventType.EVICTED, EventType.FAILED)
