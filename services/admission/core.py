@@ -24,6 +24,7 @@ from kestrel.clock import Clock, now_us
 from kestrel.errors import FailedPrecondition, NotFound
 from kestrel.jobs import JobRow
 from kestrel.money import ZERO
+from kestrel.v1 import common_pb2
 from services.admission.domain import (
     Budget,
     Decision,
@@ -94,7 +95,6 @@ class Admission:
         self.clock = clock
         self.books: dict[str, Book] = {}
         self.prices: dict[str, Decimal] = {}
-        self.flavor_of_held: dict[str, str] = {}
 
     def book(self, tenant: str) -> Book:
         b = self.books.get(tenant)
@@ -113,9 +113,8 @@ class Admission:
             for row in await self.store.held(tenant):
                 self.book(tenant).held[row.job_id] = ask_of(row, self._flavor(row))
 
-    def _flavor(self, row: JobRow) -> str:
-        from kestrel.v1 import common_pb2
-
+    @staticmethod
+    def _flavor(row: JobRow) -> str:
         return common_pb2.JobSpec.FromString(row.spec).flavor
 
     # --- the ledger snapshot -------------------------------------------------

@@ -43,7 +43,6 @@ class MeterStats:
     rows: int = 0
     batches: int = 0
     ticks: int = 0
-    write_seconds: list[float] | None = None
 
 
 class Meter:
