@@ -584,6 +584,14 @@ def _start_kueue(progress: Progress) -> None:
             start_new_session=True,
         )
     PATHS.kueue_pidfile.write_text(f"{proc.pid}\n")
+    # Until the child has exec'd, /proc/<pid>/cmdline still shows this (Python) process
+    # and kueue_pid() would call Kueue dead: wait for the exec (or the exit).
+    deadline = time.monotonic() + 10
+    while proc.poll() is None and time.monotonic() < deadline:
+        cmd = _proc_cmdline(proc.pid)
+        if cmd and "kueue" in Path(cmd[0]).name:
+            break
+        time.sleep(0.01)
     progress(f"  kueue manager started (pid {proc.pid}), log {PATHS.kueue_log}")
 
 
@@ -1127,7 +1135,9 @@ def k8s_time_s(text: str) -> int:
 
 def gpu_seconds_by_job(namespaces: Sequence[str]) -> dict[str, Decimal]:
     """gpus x (end - start) per Job, from its Workload's own condition timestamps:
-    Kueue's Admitted to Finished (or Evicted). What the ledger must equal."""
+    Kueue's Admitted to Finished. What the ledger must equal for finished jobs (an
+    evicted Workload's Admitted condition turns False at the eviction, so its start
+    must be read while it runs)."""
     from kubernetes import client as k8s
 
     custom: Any = k8s.CustomObjectsApi(api_client())
@@ -1137,7 +1147,7 @@ def gpu_seconds_by_job(namespaces: Sequence[str]) -> dict[str, Decimal]:
                                                      "workloads")["items"]
         for w in items:
             start = condition(w, "Admitted")
-            end = condition(w, "Finished") or condition(w, "Evicted")
+            end = condition(w, "Finished")
             if not start or start.get("status") != "True" or not end:
                 continue
             gpus = sum(int(ps.get("count", 1))
