@@ -60,3 +60,18 @@ async def drain(server: Any, tasks: Sequence[asyncio.Task[Any]], *, task_timeout
         await nc.close()
     await pool.close()
     logging.getLogger("kestrel.service").info("stopped")
+
+
+async def every(seconds: float, stop: asyncio.Event, fn: Callable[[], Awaitable[Any]],
+                failure: str, log: logging.Logger) -> None:
+    """Call fn every `seconds` until stop is set; a failure is logged, the next call
+    is on time."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=seconds)
+        if stop.is_set():
+            return
+        try:
+            await fn()
+        except Exception:
+            log.exception(failure)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
 from kestrel.jobs import JobRow
-from kestrel.service import drain, serve_metrics
+from kestrel.service import drain, every, serve_metrics
 from kestrel.v1 import admission_pb2, admission_pb2_grpc
 from services.admission.consumers import Reevaluator, follow_runway, follow_workloads
 from services.admission.core import Admission
@@ -48,18 +47,6 @@ class AdmissionConfig:
                    env_int("KESTREL_MAX_NODE_GPUS", 8),
                    env_str("KESTREL_KUBECONFIG", str(CLUSTER_PATHS.kubeconfig)),
                    env_str("KESTREL_RUNWAY_CHECK", "kestrel-runway"))
-
-
-async def _every(seconds: float, stop: asyncio.Event, fn: object) -> None:
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=seconds)
-        if stop.is_set():
-            return
-        try:
-            await fn()  # type: ignore[operator]
-        except Exception:
-            log.exception("periodic task failed")
 
 
 async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
@@ -120,8 +107,9 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
         log.info("runway admission check off (KESTREL_RUNWAY_CHECK empty or no kubeconfig)")
     tasks = [asyncio.create_task(follow_runway(js, reeval, stop)),
              asyncio.create_task(follow_workloads(js, admission, reeval, stop)),
-             asyncio.create_task(_every(10, stop, refresh_prices)),
-             asyncio.create_task(_every(5, stop, sweep_held))]
+             asyncio.create_task(every(10, stop, refresh_prices, "refreshing prices failed",
+                                       log)),
+             asyncio.create_task(every(5, stop, sweep_held, "sweeping held jobs failed", log))]
     if controller is not None:
         tasks.append(asyncio.create_task(controller.run(stop)))
     log.info("admission serving gRPC on %s", server.address)

@@ -18,7 +18,7 @@ from kestrel.config import Endpoints, env_float, env_int, env_str
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
 from kestrel.money import parse_amount
-from kestrel.service import drain, serve_metrics
+from kestrel.service import drain, every, serve_metrics
 from kestrel.v1 import meter_pb2, meter_pb2_grpc
 from services.meter.consumer import DURABLE, STREAM, WorkloadConsumer
 from services.meter.core import Meter, MeterSettings
@@ -64,18 +64,6 @@ class MeterConfig:
             batch=env_int("KESTREL_METER_BATCH", 1000),
             default_prices=prices,
         )
-
-
-async def _tick_loop(meter: Meter, tick_s: float, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=tick_s)
-        if stop.is_set():
-            return
-        try:
-            await meter.tick()
-        except Exception:
-            log.exception("tick failed; the next tick cuts the same time")
 
 
 async def _lag_loop(js: JetStreamContext, metrics: MeterMetrics, stop: asyncio.Event) -> None:
@@ -147,7 +135,9 @@ async def run(config: MeterConfig, stop: asyncio.Event) -> None:
     http = serve_metrics(registry, config.host, config.metrics_port)
     consumer = WorkloadConsumer(js, meter, batch=config.batch, on_bad=metrics.bad_events.inc)
     consumer_task = asyncio.create_task(consumer.run(), name="consumer")
-    tick_task = asyncio.create_task(_tick_loop(meter, config.settings.tick_s, stop), name="tick")
+    tick_task = asyncio.create_task(every(
+        config.settings.tick_s, stop, meter.tick, "tick failed; the next tick cuts the same time",
+        log), name="tick")
     lag_task = asyncio.create_task(_lag_loop(js, metrics, stop), name="lag")
     holds_task = asyncio.create_task(_follow_holds(nc, meter, stop), name="holds")
     log.info("meter serving gRPC on %s, metrics on %s:%d", server.address, config.host,

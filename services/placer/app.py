@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +15,7 @@ from kestrel import cluster as kc
 from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
-from kestrel.service import drain, serve_metrics
+from kestrel.service import drain, every, serve_metrics
 from kestrel.v1 import placer_pb2, placer_pb2_grpc
 from services.placer.consumers import consume_admitted, follow_runway
 from services.placer.core import Placer, PlacerSettings
@@ -59,18 +58,6 @@ class PlacerConfig:
             refresh_s=float(env_int("KESTREL_PLACER_REFRESH_S", 10)),
             kube_threads=env_int("KESTREL_PLACER_KUBE_THREADS", 32),
         )
-
-
-async def _every(seconds: float, stop: asyncio.Event, placer: Placer) -> None:
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=seconds)
-        if stop.is_set():
-            return
-        try:
-            await placer.refresh()
-        except Exception:
-            log.exception("refreshing prices and tenant quotas failed")
 
 
 async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
@@ -131,7 +118,9 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
     tasks += [asyncio.create_task(consume_admitted(js, placer, stop), name="jobs"),
-              asyncio.create_task(_every(config.refresh_s, stop, placer), name="refresh")]
+              asyncio.create_task(every(
+                  config.refresh_s, stop, placer.refresh,
+                  "refreshing prices and tenant quotas failed", log), name="refresh")]
     log.info("placer serving gRPC on %s (runway check %r, flavors %s)", server.address,
              config.settings.runway_check, ",".join(config.settings.flavors))
     try:
