@@ -72,16 +72,19 @@ LIVE = frozenset({JobState.ADMITTED, JobState.QUEUED, JobState.RUNNING})
 def verdict(job: JobRow, money: Money | None) -> Verdict:
     if job.state.terminal:
         return Verdict(CheckState.REJECTED, f"the Kestrel job is {job.state.name.lower()}")
+    # Messages carry only figures that change with a decision (credits move on a
+    # top-up, not on every tick): a Workload write is dear (Kueue's CEL rules, every
+    # watcher), so a message that drifted with spending would be patched again and
+    # again for nothing.
     if money is not None and money.spent:
         return Verdict(CheckState.PENDING,
                        f"tenant {job.tenant}'s budget is spent (credits {fmt(money.credits)}, "
-                       f"charged {fmt(money.charged)}); waits for a top-up")
+                       "all charged); waits for a top-up")
     if job.state is JobState.HELD:
         return Verdict(CheckState.PENDING, f"held by Kestrel for budget: {job.reason}")
     if job.state in LIVE:
-        left = f", {fmt(money.remaining)} remain" if money is not None else ""
         return Verdict(CheckState.READY,
-                       f"reservation of {fmt(job.reserved)} credits held for this job{left}")
+                       f"reservation of {fmt(job.reserved)} credits held for this job")
     return Verdict(CheckState.PENDING, f"job is {job.state.name.lower()}")
 
 

@@ -56,6 +56,16 @@ def test_only_differences_are_patched() -> None:
     assert len(changes([wl()], {"job-1": job(JobState.ADMITTED)}, {"acme": FINE})) == 1
 
 
+def test_spending_alone_does_not_patch_a_workload_again() -> None:
+    running = {"job-1": job(JobState.RUNNING)}
+    before = verdict(running["job-1"], FINE)
+    later = Money(Decimal(10), Decimal(7), Decimal(2))  # ticks charged more since
+    assert changes([wl("Ready", before.message)], running, {"acme": later}) == []
+    spent = verdict(running["job-1"], SPENT)
+    more = Money(Decimal(10), Decimal(12), Decimal(-3))
+    assert changes([wl("Pending", spent.message)], running, {"acme": more}) == []
+
+
 def test_workloads_of_jobs_this_admission_does_not_know_are_left_alone() -> None:
     assert changes([wl(job_id="job-elsewhere")], {}, {}) == []
     assert to_deactivate([wl(admitted=True, job_id="job-elsewhere")], {}, {}) == []
