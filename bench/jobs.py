@@ -40,7 +40,7 @@ TOKEN = "kso_bench-jobs"
 QUOTA = {"gpu-h100": 32, "gpu-a10": 32}
 
 
-def watch_admitted(ns: str, seen: dict[str, float], target: int, stop: threading.Event) -> None:
+def watch_admitted(ns: str, seen: dict[str, float], stop: threading.Event) -> None:
     """Job name -> monotonic instant its Workload was first seen Admitted."""
     from kubernetes import client as k8s
     from kubernetes import watch
@@ -54,7 +54,7 @@ def watch_admitted(ns: str, seen: dict[str, float], target: int, stop: threading
             if owner:
                 seen.setdefault(owner, time.monotonic())
 
-    while not stop.is_set() and len(seen) < target:
+    while not stop.is_set():
         try:
             listing = custom.list_namespaced_custom_object(
                 cluster.KUEUE_GROUP, cluster.KUEUE_API_VERSION, ns, "workloads")
@@ -66,7 +66,7 @@ def watch_admitted(ns: str, seen: dict[str, float], target: int, stop: threading
                                   resource_version=listing["metadata"]["resourceVersion"],
                                   timeout_seconds=30):
                 note(event["object"])
-                if stop.is_set() or len(seen) >= target:
+                if stop.is_set():
                     w.stop()
                     break
         except Exception:
@@ -81,7 +81,7 @@ async def plane_run(gateway: str, m: int, workers: int) -> tuple[float, list[flo
     client = AsyncClient(gateway, api_key=key.secret)
     seen: dict[str, float] = {}
     stop = threading.Event()
-    watcher = threading.Thread(target=watch_admitted, args=("kestrel-bench", seen, m, stop),
+    watcher = threading.Thread(target=watch_admitted, args=("kestrel-bench", seen, stop),
                                daemon=True)
     watcher.start()
     sent: dict[str, float] = {}
@@ -105,15 +105,19 @@ async def plane_run(gateway: str, m: int, workers: int) -> tuple[float, list[flo
     console.print(f"  submitted {m} jobs through the gateway in {time.monotonic() - t0:.1f}s")
     deadline = time.monotonic() + max(300, m * 2)
     last = 0
-    while len(seen) < m and time.monotonic() < deadline:
-        if len(seen) - last >= 100:
-            last = len(seen) // 100 * 100
-            console.print(f"  {len(seen)}/{m} admitted by Kueue after {time.monotonic() - t0:.1f}s")
+
+    def ours() -> int:  # a namespace left by `--keep` holds Workloads of other runs
+        return sum(1 for j in sent if j in seen)
+
+    while ours() < m and time.monotonic() < deadline:
+        if ours() - last >= 100:
+            last = ours() // 100 * 100
+            console.print(f"  {ours()}/{m} admitted by Kueue after {time.monotonic() - t0:.1f}s")
         await asyncio.sleep(0.25)
     stop.set()
-    if len(seen) < m:
-        raise TimeoutError(f"only {len(seen)}/{m} admitted")
-    rate = m / (max(seen.values()) - t0)
+    if ours() < m:
+        raise TimeoutError(f"only {ours()}/{m} admitted")
+    rate = m / (max(seen[j] for j in sent) - t0)
     latencies = sorted((seen[j] - t) * 1000 for j, t in sent.items() if j in seen)
     await client.close()
     await op.close()
