@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import enum
 
+# On every Job the placer creates and its pod template (so Kueue's Workload carries
+# them in spec.podSets[].template): which Kestrel job and tenant it belongs to.
+JOB_ID_LABEL = "kestrel.dev/job-id"
+TENANT_LABEL = "kestrel.dev/tenant"
+
 
 class EventType(enum.IntEnum):
     ADMITTED = 1

@@ -30,12 +30,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kestrel.workloads import EventType
+from kestrel.workloads import JOB_ID_LABEL, TENANT_LABEL, EventType
 
-__all__ = ["EventType"]
-
-JOB_ID_LABEL = "kestrel.dev/job-id"
-TENANT_LABEL = "kestrel.dev/tenant"
+__all__ = ["JOB_ID_LABEL", "TENANT_LABEL", "EventType"]
 FLAVOR_ANNOTATION = "kestrel.dev/flavor"
 FLAVOR_REASON_ANNOTATION = "kestrel.dev/flavor-reason"
 NAMESPACE_PREFIX = "kestrel-"
