@@ -63,8 +63,12 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
     decisions = Counter("kestrel_admission_decisions", "Admission decisions",
                         ["decision"], registry=registry)
 
+    controller: RunwayCheckController | None = None
+
     async def publish(row: JobRow, prev: JobState | None) -> None:
         decisions.labels(row.state.name.lower()).inc()
+        if controller is not None and prev is JobState.HELD:
+            controller.wake(row.tenant)  # released or cancelled: its check's verdict moves
         now = now_us()
         sends = [bus.publish(js, bus.subject_job_state(row.tenant), state_changed(row, prev, now),
                              f"state-{row.job_id}-{int(row.state)}")]
@@ -98,14 +102,13 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
                                                       server.server)
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
-    controller = None
     if config.runway_check and os.path.exists(config.kubeconfig):  # noqa: ASYNC240
         controller = RunwayCheckController(admission, config.kubeconfig, config.runway_check)
-        reeval.on_request = controller.wake.set
         log.info("runway admission check %s on %s", config.runway_check, config.kubeconfig)
     else:
         log.info("runway admission check off (KESTREL_RUNWAY_CHECK empty or no kubeconfig)")
-    tasks = [asyncio.create_task(follow_runway(js, reeval, stop)),
+    tasks = [asyncio.create_task(follow_runway(
+                 js, reeval, stop, controller.wake if controller is not None else None)),
              asyncio.create_task(follow_workloads(js, admission, reeval, stop)),
              asyncio.create_task(every(10, stop, refresh_prices, "refreshing prices failed",
                                        log)),

@@ -2,7 +2,8 @@
 
 - kestrel.runway.> from the last-value stream (a restarted admission hears
   every tenant at once): a changed runway may free held jobs, so the tenant
-  is re-evaluated (coalesced: one pending re-evaluation per tenant at a time).
+  is re-evaluated (coalesced: one pending re-evaluation per tenant at a time),
+  and the runway check decides the tenant's waiting Workloads again.
 - kestrel.workload.> (durable consumer `admission`): job states follow
   Kubernetes; acknowledged after the state change is committed.
 """
@@ -26,16 +27,17 @@ log = logging.getLogger("kestrel.admission.bus")
 
 
 class Reevaluator:
-    """Coalesces re-evaluation requests per tenant."""
+    """Coalesces re-evaluation requests per tenant: requests within `coalesce_s` of
+    the first are served by one ledger snapshot (a busy tenant finishes many jobs a
+    second)."""
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, coalesce_s: float = 0.05) -> None:
         self.admission = admission
+        self.coalesce_s = coalesce_s
         self.pending: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
-        self.on_request: Callable[[], None] = lambda: None  # e.g. wake the runway check
 
     def request(self, tenant: str) -> None:
-        self.on_request()
         if tenant in self.pending:
             return
         self.pending.add(tenant)
@@ -45,20 +47,23 @@ class Reevaluator:
 
     async def _run(self, tenant: str) -> None:
         try:
-            await asyncio.sleep(0)  # let a burst of messages coalesce
+            await asyncio.sleep(self.coalesce_s)  # let a burst of messages coalesce
             self.pending.discard(tenant)
             await self.admission.reevaluate(tenant)
         except Exception:
             log.exception("re-evaluating %s failed", tenant)
 
 
-async def follow_runway(js: JetStreamContext, reeval: Reevaluator, stop: asyncio.Event) -> None:
+async def follow_runway(js: JetStreamContext, reeval: Reevaluator, stop: asyncio.Event,
+                        on_runway: Callable[[str], None] | None = None) -> None:
     async def on_msg(msg: Msg) -> None:
         try:
             tenant = events_pb2.RunwayChanged.FromString(msg.data).runway.tenant
         except Exception:
             log.error("undecodable runway message on %s", msg.subject)
             return
+        if on_runway is not None:
+            on_runway(tenant)
         book = reeval.admission.books.get(tenant)
         if book is not None and (book.held or book.holds):
             reeval.request(tenant)

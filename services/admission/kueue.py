@@ -1,11 +1,15 @@
 """Transport: the runway AdmissionCheck controller against the real Kueue.
 
 A watch keeps a cache of the Workloads that carry our check (list, then watch
-from its resourceVersion; a 410 Gone relists). Changed Workloads are decided at
-once; every Workload again when a runway changes and every few seconds. The
-pure `runway_check` says what each check entry and `spec.active` should be;
-only differences are patched. It also keeps the AdmissionCheck's Active
-condition True, or Kueue would deactivate the ClusterQueues that name it.
+from its resourceVersion; a 410 Gone relists). Changed Workloads are decided
+within a few tens of milliseconds (events are batched); a tenant's are decided
+again when its runway or a held job of it changes (`wake`), and all every few
+seconds. Tenants' money is cached between those refreshes, and only Workloads
+that are not `settled` are looked up and decided, so a busy cluster costs a
+job-row read per new Workload, not one per Workload per event. The pure
+`runway_check` says what each check entry and `spec.active` should be; only
+differences are patched. It also keeps the AdmissionCheck's Active condition
+True, or Kueue would deactivate the ClusterQueues that name it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from kestrel.cluster import KUEUE_API_VERSION, KUEUE_GROUP
+from kestrel.workloads import TENANT_LABEL
 from services.admission.core import Admission
 from services.admission.runway_check import (
     Money,
@@ -30,6 +35,7 @@ from services.admission.runway_check import (
     WorkloadView,
     changes,
     to_deactivate,
+    unsettled,
 )
 
 log = logging.getLogger("kestrel.admission.runway_check")
@@ -52,11 +58,15 @@ def view(obj: dict[str, Any], check: str) -> WorkloadView | None:
     owner = next((o.get("name", "") for o in meta.get("ownerReferences") or []
                   if o.get("kind") == "Job"), "")
     conds = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    spec = obj.get("spec") or {}
+    tenant = next((str(labels[TENANT_LABEL]) for ps in spec.get("podSets") or []
+                   if TENANT_LABEL in (labels := ((ps.get("template") or {}).get("metadata")
+                                                  or {}).get("labels") or {})), "")
     return WorkloadView(meta.get("namespace", ""), meta.get("name", ""), owner,
                         entry.get("state", ""), entry.get("message", ""),
                         conds.get("Admitted") == "True",
-                        (obj.get("spec") or {}).get("active", True) is not False,
-                        conds.get("Finished") == "True", index)
+                        spec.get("active", True) is not False,
+                        conds.get("Finished") == "True", index, tenant)
 
 
 class Kueue:
@@ -106,7 +116,15 @@ class Kueue:
             {"spec": {"active": False}})
 
     def keep_active(self, check: str) -> bool:
+        """Active=True on the AdmissionCheck, patched only when it is not so already: each
+        write moved lastTransitionTime (a transition that did not happen) and sent Kueue
+        an AdmissionCheck change to reconcile every ten seconds."""
         try:
+            current = self.custom.get_cluster_custom_object_status(
+                KUEUE_GROUP, KUEUE_API_VERSION, "admissionchecks", check)
+            if any(c.get("type") == "Active" and c.get("status") == "True"
+                   for c in (current.get("status") or {}).get("conditions") or []):
+                return True
             self.custom.patch_cluster_custom_object_status(
                 KUEUE_GROUP, KUEUE_API_VERSION, "admissionchecks", check,
                 {"status": {"conditions": [{
@@ -122,16 +140,23 @@ class Kueue:
 
 class RunwayCheckController:
     def __init__(self, admission: Admission, kubeconfig: str, check: str,
-                 full_pass_s: float = 5.0) -> None:
+                 full_pass_s: float = 5.0, batch_s: float = 0.05) -> None:
         self.admission = admission
         self.kubeconfig = kubeconfig
         self.check = check
         self.full_pass_s = full_pass_s
-        self.wake = asyncio.Event()  # set: decide every cached Workload again
+        self.batch_s = batch_s  # events arriving within this are decided together
         self.views: dict[str, WorkloadView] = {}
-        self.dirty: set[str] = set()
+        self.money: dict[str, Money] = {}  # per tenant, as of its last refresh
+        self.dirty: set[str] = set()  # Workloads to decide
+        self.stale: set[str] = set()  # tenants whose money to refresh first
         self.changed = asyncio.Event()
         self.deactivated: set[str] = set()
+
+    def wake(self, tenant: str) -> None:
+        """The tenant's money or a held job of it changed: refresh and decide again."""
+        self.stale.add(tenant)
+        self.changed.set()
 
     def _apply(self, kind: str, obj: dict[str, Any]) -> None:
         """On the event loop: one watch event into the cache."""
@@ -182,32 +207,47 @@ class RunwayCheckController:
                     if loop.time() - active_at > 10 and await asyncio.to_thread(
                             kueue.keep_active, self.check):
                         active_at = loop.time()
-                    if self.wake.is_set() or loop.time() - full_at > self.full_pass_s:
-                        self.wake.clear()
+                    if loop.time() - full_at > self.full_pass_s:  # every tenant still busy
                         full_at = loop.time()
-                        self.dirty |= set(self.views)
-                    keys, self.dirty = self.dirty, set()
-                    await self.reconcile(kueue, [self.views[k] for k in keys
-                                                 if k in self.views])
+                        busy = {v.tenant for v in self.views.values()
+                                if v.tenant and not v.finished and v.active}
+                        self.money = {t: m for t, m in self.money.items() if t in busy}
+                        self.stale |= busy
+                    await self.decide(kueue)
                 except Exception as exc:
                     log.warning("runway check reconcile failed: %s", exc)
-                waits = [asyncio.create_task(e.wait()) for e in (self.changed, self.wake, stop)]
+                waits = [asyncio.create_task(e.wait()) for e in (self.changed, stop)]
                 await asyncio.wait(waits, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
                 for t in waits:
                     t.cancel()
+                if not stop.is_set():
+                    await asyncio.sleep(self.batch_s)
                 self.changed.clear()
         finally:
             halt.set()
+
+    async def decide(self, kueue: Kueue) -> None:
+        """Refresh the stale tenants' money, then decide what is not settled among the
+        changed Workloads and every Workload of a refreshed tenant."""
+        keys, self.dirty = self.dirty, set()
+        tenants, self.stale = self.stale, set()
+        views = [v for k in keys if (v := self.views.get(k)) is not None]
+        if tenants:
+            views += [v for k, v in self.views.items() if v.tenant in tenants and k not in keys]
+        live = [v for v in views if v.tenant and not v.finished and v.active]
+        for tenant in sorted(tenants | {v.tenant for v in live if v.tenant not in self.money}):
+            m = await self.admission.money(tenant)
+            if m is None:
+                self.money.pop(tenant, None)
+            else:
+                self.money[tenant] = m
+        await self.reconcile(kueue, unsettled(live, self.money))
 
     async def reconcile(self, kueue: Kueue, views: list[WorkloadView]) -> None:
         if not views:
             return
         jobs = await self.admission.store.get_many(sorted({v.job_id for v in views}))
-        money: dict[str, Money] = {}
-        for tenant in sorted({j.tenant for j in jobs.values()}):
-            m = await self.admission.money(tenant)
-            if m is not None:
-                money[tenant] = m
+        money = self.money
         for w, verdict in changes(views, jobs, money):
             log.info("check %s/%s -> %s: %s", w.namespace, w.name, verdict.state.value,
                      verdict.message)

@@ -11,6 +11,11 @@ answers from admission's own books:
 
 Workloads of jobs this admission does not know are left alone.
 
+Most Workloads need no decision most of the time: a finished or deactivated one,
+or one already Ready whose tenant still has money, cannot change verdict, so it
+is `settled` and neither its job row nor a patch is fetched for it. What is left
+is small: new Workloads, held ones, and the running ones of a spent tenant.
+
 Running work of a tenant whose money is spent (credits - charged <= 0, possible
 for open-ended work or when an operator lowers the budget) is deactivated
 (Workload spec.active=false) and metered to that instant.
@@ -45,6 +50,7 @@ class WorkloadView:
     active: bool  # spec.active
     finished: bool
     check_index: int = 0  # position of our entry in status.admissionChecks
+    tenant: str = ""  # the kestrel.dev/tenant label of its pod template
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,19 @@ def verdict(job: JobRow, money: Money | None) -> Verdict:
         return Verdict(CheckState.READY,
                        f"reservation of {fmt(job.reserved)} credits held for this job")
     return Verdict(CheckState.PENDING, f"job is {job.state.name.lower()}")
+
+
+def settled(w: WorkloadView, money: Money | None) -> bool:
+    """Nothing about it can change now: it finished, was deactivated, or is Ready while
+    its tenant's money is not spent (only a spent budget turns Ready back)."""
+    if w.finished or not w.active:
+        return True
+    return w.check_state == CheckState.READY.value and not (money is not None and money.spent)
+
+
+def unsettled(workloads: Iterable[WorkloadView],
+              money: Mapping[str, Money]) -> list[WorkloadView]:
+    return [w for w in workloads if not settled(w, money.get(w.tenant))]
 
 
 def changes(workloads: Iterable[WorkloadView], jobs: Mapping[str, JobRow],

@@ -13,7 +13,9 @@ from services.admission.runway_check import (
     Money,
     WorkloadView,
     changes,
+    settled,
     to_deactivate,
+    unsettled,
     verdict,
 )
 
@@ -44,9 +46,32 @@ def test_verdict(name: str, state: JobState, money: Money, want: CheckState,
 
 
 def wl(check: str = "Pending", message: str = "", admitted: bool = False,
-       active: bool = True, job_id: str = "job-1") -> WorkloadView:
+       active: bool = True, job_id: str = "job-1", finished: bool = False) -> WorkloadView:
     return WorkloadView("kestrel-acme", "job-job-1-abc", job_id, check, message, admitted,
-                        active, False)
+                        active, finished, tenant="acme")
+
+
+@pytest.mark.parametrize(("name", "w", "money", "want"), [
+    ("a new workload is decided", wl(""), FINE, False),
+    ("a held workload is decided again", wl("Pending"), FINE, False),
+    ("a ready workload of a tenant with money is left alone", wl("Ready", admitted=True),
+     FINE, True),
+    ("a ready workload of a tenant whose money is unknown is left alone", wl("Ready"), None,
+     True),
+    ("a ready workload of a spent tenant is decided (pending or deactivated)",
+     wl("Ready", admitted=True), SPENT, False),
+    ("a finished workload is left alone", wl("Pending", finished=True), SPENT, True),
+    ("a deactivated workload is left alone", wl("Ready", admitted=True, active=False), SPENT,
+     True),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_settled(name: str, w: WorkloadView, money: Money | None, want: bool) -> None:
+    assert settled(w, money) is want
+
+
+def test_only_unsettled_workloads_are_looked_up() -> None:
+    new, ready = wl(""), wl("Ready", admitted=True)
+    assert unsettled([new, ready], {"acme": FINE}) == [new]
+    assert unsettled([new, ready], {"acme": SPENT}) == [new, ready]
 
 
 def test_only_differences_are_patched() -> None:
@@ -82,10 +107,12 @@ def test_admitted_workloads_of_a_spent_tenant_are_deactivated_once_active() -> N
 def test_a_workload_view_reads_our_check_entry_owner_and_conditions() -> None:
     obj = {"metadata": {"namespace": "kestrel-acme", "name": "w",
                         "ownerReferences": [{"kind": "Job", "name": "job-1"}]},
-           "spec": {"active": True},
+           "spec": {"active": True, "podSets": [{"name": "main", "template": {"metadata": {
+               "labels": {"kestrel.dev/tenant": "acme", "kestrel.dev/job-id": "job-1"}}}}]},
            "status": {"admissionChecks": [{"name": "kestrel-runway", "state": "Ready",
                                            "message": "ok"}],
                       "conditions": [{"type": "Admitted", "status": "True"}]}}
     v = view(obj, "kestrel-runway")
-    assert v is not None and (v.job_id, v.check_state, v.admitted) == ("job-1", "Ready", True)
+    assert v is not None
+    assert (v.job_id, v.check_state, v.admitted, v.tenant) == ("job-1", "Ready", True, "acme")
     assert view(obj, "another-check") is None
