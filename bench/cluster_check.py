@@ -21,6 +21,7 @@ admitted_within_quota=B held_over_quota=B kueue_admit_per_s=X idle_rss_mib=N``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import threading
@@ -194,12 +195,91 @@ def watch_admissions(
                 break
 
 
-def bench(api: Any, jobs: int, duration_s: int, workers: int, gpus_total: int) -> dict[str, float]:
+NOOP_CHECK = "kestrel-bench-noop"
+
+
+def _approve(custom: Any, wl: dict[str, Any], check: str) -> None:
+    entries = (wl.get("status") or {}).get("admissionChecks") or []
+    for i, entry in enumerate(entries):
+        if entry.get("name") == check and entry.get("state") != "Ready":
+            at = f"/status/admissionChecks/{i}"
+            ops = [{"op": "test", "path": f"{at}/name", "value": check},
+                   {"op": "replace", "path": f"{at}/state", "value": "Ready"},
+                   {"op": "add", "path": f"{at}/message", "value": "no-op check"}]
+            # Refused when the list moved meanwhile: the next event or relist answers it.
+            with contextlib.suppress(Exception):
+                custom.patch_namespaced_custom_object_status(
+                    kc.KUEUE_GROUP, kc.KUEUE_API_VERSION, wl["metadata"]["namespace"],
+                    "workloads", wl["metadata"]["name"], ops,
+                    _content_type="application/json-patch+json")
+
+
+def noop_check_controller(api: Any, ns: str, check: str, stop: threading.Event) -> None:
+    """An AdmissionCheck controller that decides nothing: every Workload in ``ns`` that
+    waits on ``check`` is set Ready as soon as it is seen. Run against the same jobs,
+    it measures what Kueue's admission-check protocol costs by itself (the extra
+    Workload status writes and the wait for a controller), apart from Kestrel."""
+    from kubernetes import watch
+
+    watch_mod: Any = watch
+    custom = k8s().CustomObjectsApi(api)
+    while not stop.is_set():
+        try:
+            listing = custom.list_namespaced_custom_object(
+                kc.KUEUE_GROUP, kc.KUEUE_API_VERSION, ns, "workloads")
+            for wl in listing["items"]:
+                _approve(custom, wl, check)
+            w = watch_mod.Watch()
+            for event in w.stream(custom.list_namespaced_custom_object, kc.KUEUE_GROUP,
+                                  kc.KUEUE_API_VERSION, ns, "workloads",
+                                  resource_version=listing["metadata"]["resourceVersion"],
+                                  timeout_seconds=5):  # then relist: nothing is missed
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    _approve(custom, event["object"], check)
+                if stop.is_set():
+                    w.stop()
+                    break
+        except Exception:
+            time.sleep(0.2)
+
+
+def _ensure_noop_check(api: Any) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    custom = k8s().CustomObjectsApi(api)
+    body = {"apiVersion": f"{kc.KUEUE_GROUP}/{kc.KUEUE_API_VERSION}", "kind": "AdmissionCheck",
+            "metadata": {"name": NOOP_CHECK},
+            "spec": {"controllerName": "kestrel.dev/bench-noop"}}
+    try:
+        custom.create_cluster_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+                                            "admissionchecks", body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    custom.patch_cluster_custom_object_status(
+        kc.KUEUE_GROUP, kc.KUEUE_API_VERSION, "admissionchecks", NOOP_CHECK,
+        {"status": {"conditions": [{"type": "Active", "status": "True", "reason": "Active",
+                                    "message": "bench no-op controller",
+                                    "lastTransitionTime": stamp}]}})
+
+
+def bench(api: Any, jobs: int, duration_s: int, workers: int, gpus_total: int,
+          noop_check: bool = False) -> dict[str, float]:
+    """K jobs straight to Kueue; with ``noop_check`` the ClusterQueue also carries an
+    AdmissionCheck answered Ready at once by :func:`noop_check_controller`."""
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     flavors = {"gpu-h100": gpus_total // 2, "gpu-a10": gpus_total - gpus_total // 2}
-    kc.create_tenant_queue(api, kc.tenant_queue_manifests(ns, gpu_quota=flavors))
-    seen: dict[str, float] = {}
+    manifests = kc.tenant_queue_manifests(ns, gpu_quota=flavors)
     stop = threading.Event()
+    if noop_check:
+        _ensure_noop_check(api)
+        manifests[1]["spec"]["admissionChecksStrategy"] = {
+            "admissionChecks": [{"name": NOOP_CHECK}]}
+        threading.Thread(target=noop_check_controller, args=(kc.api_client(), ns, NOOP_CHECK,
+                                                             stop), daemon=True).start()
+    kc.create_tenant_queue(api, manifests)
+    seen: dict[str, float] = {}
     watcher = threading.Thread(
         target=watch_admissions, args=(kc.api_client(), ns, seen, jobs, stop), daemon=True
     )
@@ -240,6 +320,10 @@ def bench(api: Any, jobs: int, duration_s: int, workers: int, gpus_total: int) -
         stop.set()
         log(f"  cleaning up {ns} (jobs, pods, workloads) ...")
         kc.delete_tenant_queue(api, ns, timeout_s=600)
+        if noop_check:
+            with contextlib.suppress(Exception):
+                k8s().CustomObjectsApi(api).delete_cluster_custom_object(
+                    kc.KUEUE_GROUP, kc.KUEUE_API_VERSION, "admissionchecks", NOOP_CHECK)
     return result
 
 
