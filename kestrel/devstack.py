@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -49,8 +50,9 @@ PUBLIC_PG_DIR = Path("/var/cache/kestrel")
 
 
 def _others_can_reach(path: Path) -> bool:
-    """Every directory above `path` lets other users through (o+x)."""
-    return all(p.stat().st_mode & stat.S_IXOTH for p in path.parents)
+    """Every directory above `path` lets other users through (o+x); one not made yet
+    will be, by mkdir under the usual umask."""
+    return all(not p.exists() or p.stat().st_mode & stat.S_IXOTH for p in path.parents)
 
 
 @functools.cache
@@ -260,10 +262,24 @@ class Stack:
         self.pids[name] = proc.pid
         return proc  # type: ignore[no-any-return]
 
+    @property
+    def pg_data(self) -> Path:
+        """Postgres' data directory: in the stack's directory, unless Postgres (its own
+        user when we are root) could not reach it there (a checkout under a private
+        directory); then a public one named after the stack's directory."""
+        if os.geteuid() != 0 or _others_can_reach(self.root):
+            return self.root / "postgres"
+        digest = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:16]
+        return PUBLIC_PG_DIR / "data" / digest
+
     def _start_postgres(self, timeout_s: float) -> None:
-        data = self.root / "postgres"
+        data = self.pg_data
         as_pg = _run_as_pg()
         if not (data / "PG_VERSION").exists():
+            for public in (PUBLIC_PG_DIR, PUBLIC_PG_DIR / "data"):
+                if data.is_relative_to(public):
+                    public.mkdir(parents=True, exist_ok=True)
+                    os.chmod(public, 0o755)
             data.mkdir(parents=True, exist_ok=True)
             if as_pg:
                 os.chown(data, as_pg["user"], as_pg["group"])  # type: ignore[arg-type]
@@ -331,6 +347,7 @@ class Stack:
 
     def destroy(self) -> None:
         self.down()
+        shutil.rmtree(self.pg_data, ignore_errors=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
