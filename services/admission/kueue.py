@@ -235,13 +235,18 @@ class RunwayCheckController:
         if tenants:
             views += [v for k, v in self.views.items() if v.tenant in tenants and k not in keys]
         live = [v for v in views if v.tenant and not v.finished and v.active]
-        for tenant in sorted(tenants | {v.tenant for v in live if v.tenant not in self.money}):
-            m = await self.admission.money(tenant)
-            if m is None:
-                self.money.pop(tenant, None)
-            else:
-                self.money[tenant] = m
-        await self.reconcile(kueue, unsettled(live, self.money))
+        try:
+            for tenant in sorted(tenants | {v.tenant for v in live if v.tenant not in self.money}):
+                m = await self.admission.money(tenant)
+                if m is None:
+                    self.money.pop(tenant, None)
+                else:
+                    self.money[tenant] = m
+            await self.reconcile(kueue, unsettled(live, self.money))
+        except Exception:  # e.g. Postgres away: decide them on the next pass
+            self.dirty |= keys
+            self.stale |= tenants
+            raise
 
     async def reconcile(self, kueue: Kueue, views: list[WorkloadView]) -> None:
         if not views:
