@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
-from kestrel.devstack import Stack, free_port
+from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
 from kestrel.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -99,7 +99,7 @@ async def run(clients: int, seconds: float, rate: float, tenants: int, keep: boo
     stack = Stack(root, durable=True)
     console.print(f"[bold]bench-gateway[/bold]: devstack in {root}")
     await asyncio.to_thread(stack.up)
-    ports = {n: free_port() for n in ("meter", "gateway", "admission")}
+    ports = port_map("meter", "gateway", "admission")
     env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
            "KESTREL_RUNWAY_CHECK": "", "KESTREL_PLACER_ADDR": "",
            "KESTREL_METER_ADDR": f"127.0.0.1:{ports['meter']}",

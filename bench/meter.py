@@ -29,7 +29,7 @@ from rich.table import Table
 
 from kestrel import bus
 from kestrel.clock import now_us
-from kestrel.devstack import Stack, free_port
+from kestrel.devstack import Stack, free_ports
 from kestrel.procs import REPO, ServiceProcess
 from kestrel.v1 import common_pb2, events_pb2
 
@@ -134,10 +134,10 @@ async def run(n: int, tenants: int, batch: int, keep: bool) -> int:
         await nc.subscribe("kestrel.runway.>", cb=on_runway)
         await nc.flush()
 
-        port = free_port()
+        port, metrics_port = free_ports(2)
         meter = ServiceProcess("meter", {
             **stack.env(), "KESTREL_METER_PORT": str(port),
-            "KESTREL_METER_METRICS_PORT": str(free_port()), "KESTREL_METER_BATCH": str(batch),
+            "KESTREL_METER_METRICS_PORT": str(metrics_port), "KESTREL_METER_BATCH": str(batch),
             "KESTREL_LOG_LEVEL": "WARNING"}, f"127.0.0.1:{port}", root / "meter.log")
         db = await asyncpg.connect(stack.postgres_dsn)
         console.print("meter: consuming")

@@ -31,7 +31,7 @@ from rich.live import Live
 from rich.table import Table
 
 from kestrel import cluster
-from kestrel.devstack import Stack, free_port
+from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
 from kestrel.sdk import AsyncClient, Job, JobState, Runway
 
@@ -194,7 +194,7 @@ async def main_async(keep: bool) -> int:
     try:
         console.print("infrastructure: Postgres, NATS JetStream, Redis on 127.0.0.1 …")
         await asyncio.to_thread(stack.up)
-        ports = {n: free_port() for n in ("meter", "gateway", "admission", "placer")}
+        ports = port_map("meter", "gateway", "admission", "placer")
         env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_PRICES": PRICES,
                "KESTREL_METER_TICK_S": "0.5", "KESTREL_LOG_LEVEL": "WARNING",
                "KESTREL_KUBECONFIG": str(info.kubeconfig),

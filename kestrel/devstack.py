@@ -41,9 +41,24 @@ class StackError(RuntimeError):
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports: all are held open until every one is chosen
+    (separate calls may hand out the same port twice)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(n):
+            s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind((HOST, 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
+
+
+def port_map(*names: str) -> dict[str, int]:
+    """A distinct free loopback port for each name."""
+    return dict(zip(names, free_ports(len(names)), strict=True))
 
 
 PUBLIC_PG_DIR = Path("/var/cache/kestrel")
@@ -316,8 +331,8 @@ class Stack:
     def _start_nats(self, timeout_s: float) -> None:
         store = self.root / "nats"
         store.mkdir(exist_ok=True)
-        self.nats_port = self.nats_port or free_port()
-        self.nats_monitor_port = self.nats_monitor_port or free_port()
+        if not (self.nats_port and self.nats_monitor_port):
+            self.nats_port, self.nats_monitor_port = free_ports(2)
         proc = self._spawn("nats", [
             str(_nats_bin()), "-a", HOST, "-p", str(self.nats_port),
             "--http_port", str(self.nats_monitor_port), "-js", "-sd", str(store)])

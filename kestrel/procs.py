@@ -62,7 +62,10 @@ class ServiceProcess:
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=self.detach)
         log.close()
-        wait_serving(self.grpc_address, timeout_s, proc=self.proc, log=self.log_path)
+        # Ask for this service by name: another server on the same port (a port that
+        # two free_port() calls both handed out) must not pass for it.
+        wait_serving(self.grpc_address, timeout_s, service=f"kestrel.v1.{self.name.title()}",
+                     proc=self.proc, log=self.log_path)
         return self
 
     @property

@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from kestrel import bus
-from kestrel.devstack import Stack, free_port
+from kestrel.devstack import Stack, free_port, port_map
 from kestrel.procs import ServiceProcess
 
 
@@ -76,8 +76,8 @@ def meter_factory(service_env: dict[str, str], tmp_path: Path) -> Iterator[objec
     def make(**env: str) -> ServiceProcess:
         proc = ServiceProcess(
             "meter",
-            {**service_env, "KESTREL_METER_PORT": str(port), "KESTREL_METER_METRICS_PORT":
-             str(free_port()), **env},
+            {**service_env, "KESTREL_METER_PORT": str(port), "KESTREL_METER_METRICS_PORT": "0",
+             **env},
             f"127.0.0.1:{port}", tmp_path / f"meter-{len(started)}.log")
         started.append(proc)
         return proc
@@ -102,7 +102,7 @@ class Plane:
     """Meter, gateway and admission as real processes over one database and bus."""
 
     def __init__(self, env: dict[str, str], tmp: Path) -> None:
-        self.ports = {n: free_port() for n in ("meter", "gateway", "admission")}
+        self.ports = port_map("meter", "gateway", "admission")
         self.env = {**env, "KESTREL_OPERATOR_TOKEN": OPERATOR_TOKEN,
                     "KESTREL_METER_ADDR": f"127.0.0.1:{self.ports['meter']}",
                     "KESTREL_ADMISSION_ADDR": f"127.0.0.1:{self.ports['admission']}",

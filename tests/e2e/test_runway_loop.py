@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from kestrel import cluster as kc
-from kestrel.devstack import free_port
+from kestrel.devstack import port_map
 from kestrel.procs import ServiceProcess
 from kestrel.sdk import AsyncClient, Job, JobState
 
@@ -63,7 +63,7 @@ class Loop:
 async def loop(cluster_up: kc.ClusterInfo, service_env: dict[str, str], database: str,
                tmp_path: Path) -> AsyncIterator[Loop]:
     names = ("meter", "gateway", "admission", "placer")
-    ports = {n: free_port() for n in names}
+    ports = port_map(*names)
     env = {**service_env, "KESTREL_OPERATOR_TOKEN": TOKEN,
            "KESTREL_KUBECONFIG": str(cluster_up.kubeconfig),
            "KESTREL_PRICES": "gpu-h100=0.01,gpu-a10=0.001", "KESTREL_METER_TICK_S": "0.2",

@@ -1,4 +1,4 @@
-"""Where devstack puts what Postgres must reach when it runs as its own user."""
+"""devstack: the ports it hands out, and where Postgres (its own user) finds its files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kestrel.devstack import PUBLIC_PG_DIR, Stack
+from kestrel.devstack import PUBLIC_PG_DIR, Stack, port_map
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="Postgres drops privileges only as root")
 
@@ -35,3 +35,9 @@ def test_a_stack_under_open_directories_keeps_its_postgres_data_inside() -> None
         assert Stack(open_dir / "stack").pg_data == open_dir / "stack" / "postgres"
     finally:
         shutil.rmtree(open_dir)
+
+
+def test_ports_handed_out_together_are_distinct() -> None:
+    names = [f"service-{i}" for i in range(64)]
+    ports = port_map(*names)
+    assert list(ports) == names and len(set(ports.values())) == len(names)
