@@ -198,6 +198,15 @@ def watch_admissions(
 NOOP_CHECK = "kestrel-bench-noop"
 
 
+def steady_rate(times: list[float]) -> float:
+    """Admissions per second between the 20th and the 90th percent of them: the
+    rate once the start-up burst (every Job created at once) has passed."""
+    lo, hi = int(0.2 * len(times)), int(0.9 * len(times)) - 1
+    if hi <= lo:
+        return 0.0
+    return (hi - lo) / max(times[hi] - times[lo], 1e-3)
+
+
 def _approve(custom: Any, wl: dict[str, Any], check: str) -> None:
     entries = (wl.get("status") or {}).get("admissionChecks") or []
     for i, entry in enumerate(entries):
@@ -315,6 +324,7 @@ def bench(api: Any, jobs: int, duration_s: int, workers: int, gpus_total: int,
             "rate": jobs / (times[-1] - t0),
             "burst_n": float(burst_n),
             "burst_rate": burst_n / max(times[burst_n - 1] - t0, 1e-3),
+            "steady_rate": steady_rate(times),
         }
     finally:
         stop.set()
