@@ -25,12 +25,13 @@ def test_a_service_whose_port_another_server_holds_fails_to_start(
     health_pb2_grpc.add_HealthServicer_to_server(servicer, squatter)
     squatter.add_insecure_port(f"127.0.0.1:{port}")
     squatter.start()
+    meter = ServiceProcess("meter", {**service_env, "KESTREL_METER_PORT": str(port),
+                                     "KESTREL_METER_METRICS_PORT": "0"},
+                           f"127.0.0.1:{port}", tmp_path / "meter.log")
     try:
-        meter = ServiceProcess("meter", {**service_env, "KESTREL_METER_PORT": str(port),
-                                         "KESTREL_METER_METRICS_PORT": "0"},
-                               f"127.0.0.1:{port}", tmp_path / "meter.log")
         with pytest.raises(RuntimeError, match="exited"):
             meter.start(timeout_s=30)
     finally:
         squatter.stop(0)
         thread_pool.shutdown()
+        meter.stop()  # had it passed for started, it would outlive the test
