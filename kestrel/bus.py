@@ -7,7 +7,6 @@ duplicates inside the stream's duplicate window).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
+from kestrel.service import pause_unless_stopped
 from kestrel.v1 import admission_pb2, common_pb2, events_pb2, meter_pb2
 from kestrel.workloads import EventType
 
@@ -175,5 +175,5 @@ async def retry_forever(what: str, fn: Callable[[], Awaitable[Any]], *,
             return await fn()
         except Exception as exc:
             log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, max_delay)
+        await pause_unless_stopped(delay)
+        delay = min(delay * 2, max_delay)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,13 +30,48 @@ def serve_metrics(registry: CollectorRegistry, host: str,
     return server, thread
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGINT came while the service was still starting: nothing to drain."""
+
+
+_stopping: asyncio.Event | None = None  # this process's stop event, once installed
+
+
 def stop_event_on_signals() -> asyncio.Event:
     """An event set by SIGTERM or SIGINT: the service drains and exits."""
+    global _stopping
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    _stopping = stop
     return stop
+
+
+async def pause_unless_stopped(delay_s: float) -> None:
+    """Sleep, but raise Stopped as soon as the process is told to stop (start-up
+    retries wait here, so a service whose backends never come stops on SIGTERM)."""
+    stop = _stopping
+    if stop is None:
+        await asyncio.sleep(delay_s)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), delay_s)
+    if stop.is_set():
+        raise Stopped
+
+
+def run_main(service: str, run: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """`python -m services.<service>`: log, run until SIGTERM or SIGINT, drain, exit."""
+    setup_logging(service, os.environ.get("KESTREL_LOG_LEVEL", "INFO"))
+
+    async def main() -> None:
+        await run(stop_event_on_signals())
+
+    try:
+        asyncio.run(main())
+    except Stopped:
+        logging.getLogger(f"kestrel.{service}").info("stopped before start-up finished")
 
 
 async def drain(server: Any, tasks: Sequence[asyncio.Task[Any]], *, task_timeout_s: float,

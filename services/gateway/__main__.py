@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
-from kestrel.config import env_str
-from kestrel.service import setup_logging, stop_event_on_signals
+from kestrel.service import run_main
 from services.gateway.app import GatewayConfig, run
 
 
-async def _main() -> None:
-    await run(GatewayConfig.from_env(), stop_event_on_signals())
-
-
 def main() -> None:
-    setup_logging("gateway", env_str("KESTREL_LOG_LEVEL", "INFO"))
-    asyncio.run(_main())
+    run_main("gateway", lambda stop: run(GatewayConfig.from_env(), stop))
 
 
 if __name__ == "__main__":
