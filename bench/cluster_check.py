@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
@@ -274,9 +275,11 @@ def _ensure_noop_check(api: Any) -> None:
 
 
 def bench(api: Any, jobs: int, duration_s: int, workers: int, gpus_total: int,
-          noop_check: bool = False) -> dict[str, float]:
+          noop_check: bool = False,
+          on_admitted: Callable[[], object] | None = None) -> dict[str, float]:
     """K jobs straight to Kueue; with ``noop_check`` the ClusterQueue also carries an
-    AdmissionCheck answered Ready at once by :func:`noop_check_controller`."""
+    AdmissionCheck answered Ready at once by :func:`noop_check_controller`.
+    ``on_admitted`` is called once the last is admitted, before the clean-up."""
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     flavors = {"gpu-h100": gpus_total // 2, "gpu-a10": gpus_total - gpus_total // 2}
     manifests = kc.tenant_queue_manifests(ns, gpu_quota=flavors)
@@ -315,6 +318,8 @@ def bench(api: Any, jobs: int, duration_s: int, workers: int, gpus_total: int,
                 log(f"  {len(seen)}/{jobs} admitted after {time.monotonic() - t0:.1f}s")
             time.sleep(0.25)
         stop.set()
+        if on_admitted is not None:
+            on_admitted()
         times = sorted(seen.values())
         burst_n = min(jobs, gpus_total)
         result = {

@@ -27,6 +27,7 @@ import shutil
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -34,6 +35,7 @@ import asyncpg
 from rich.console import Console
 from rich.table import Table
 
+from bench import account
 from bench.cluster_check import bench as kueue_direct
 from bench.cluster_check import steady_rate
 from kestrel import cluster
@@ -166,6 +168,45 @@ async def gate_run(gateway: str) -> float:
     return (refused_at - closed_at) * 1000
 
 
+@dataclass(frozen=True)
+class Bill:
+    cpu: dict[str, float]  # CPU-seconds per component
+    api: dict[str, float]  # apiserver writes and watch events
+
+
+def snapshot() -> Bill:
+    metrics = cluster.kubectl("get", "--raw", "/metrics", check=False).stdout
+    return Bill(account.take_cpu(), account.parse_api(metrics))
+
+
+API_ROWS = ("writes workloads", "writes jobs", "writes pods", "writes events",
+            "watch events workloads", "watch events jobs", "watch events pods")
+
+
+def bill_table(bills: dict[str, Bill], rates: dict[str, float], m: int) -> Table:
+    """Per admitted job, per run: CPU-ms by component, apiserver traffic, and how many
+    cores that kept busy (admitted/s x CPU-s per job: 2.0 means CPU-bound)."""
+    runs = list(bills)
+    names = sorted({n for b in bills.values() for n in b.cpu},
+                   key=lambda n: -max(b.cpu.get(n, 0.0) for b in bills.values()))
+    t = Table(title="per admitted job, from the first submit to the last admitted")
+    t.add_column("")
+    for r in runs:
+        t.add_column(r, justify="right")
+    for n in names:
+        t.add_row(f"CPU-ms {n}", *(f"{bills[r].cpu.get(n, 0.0) * 1000 / m:.1f}" for r in runs))
+    total = {r: sum(bills[r].cpu.values()) / m for r in runs}
+    t.add_row("CPU-ms total", *(f"{total[r] * 1000:.1f}" for r in runs), end_section=True)
+    t.add_row("cores busy (admitted/s x CPU-s per job)",
+              *(f"{rates.get(r, 0.0) * total[r]:.2f}" for r in runs))
+    base = total.get("direct", 0.0)
+    t.add_row("first run's CPU per job / this run's (the ratio if CPU-bound)",
+              *(f"{base / total[r]:.2f}" if total[r] else "-" for r in runs), end_section=True)
+    for n in API_ROWS:
+        t.add_row(f"apiserver {n}", *(f"{bills[r].api.get(n, 0.0) / m:.2f}" for r in runs))
+    return t
+
+
 async def run(m: int, workers: int, keep: bool) -> int:
     was_up = await asyncio.to_thread(cluster.is_up)
     info = await asyncio.to_thread(cluster.ensure_cluster,
@@ -174,10 +215,21 @@ async def run(m: int, workers: int, keep: bool) -> int:
     console.print(f"[bold]bench-jobs[/bold]: {m} jobs, 1 GPU, 1 s each; quota "
                   f"{sum(QUOTA.values())} GPUs")
     console.print("(1) straight to Kueue")
-    direct = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()))
+    bills: dict[str, Bill] = {}
+
+    def bill(run: str, before: Bill) -> None:
+        after = snapshot()
+        bills[run] = Bill(account.spent(before.cpu, after.cpu),
+                          account.spent(before.api, after.api))
+
+    before = snapshot()
+    direct = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()),
+                                     on_admitted=lambda: bill("direct", before))
     console.print(f"    {direct['rate']:.1f} admitted/s")
     console.print("(1b) straight to Kueue, behind an admission check that says Ready at once")
-    noop = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()), True)
+    before = snapshot()
+    noop = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()), True,
+                                   lambda: bill("no-op check", before))
     console.print(f"    {noop['rate']:.1f} admitted/s")
 
     root = REPO / ".run" / "bench-jobs"
@@ -197,7 +249,9 @@ async def run(m: int, workers: int, keep: bool) -> int:
         for p in procs:
             await asyncio.to_thread(p.start)
         console.print("(2) through the plane: gateway -> admission -> placer -> Kueue")
+        before = snapshot()
         plane_rate, plane_steady, lat, job_ids = await plane_run(gw, m, workers)
+        bill("plane", before)
         console.print(f"    {plane_rate:.1f} admitted/s")
         console.print("(3) the gate: budget withdrawn while the tenant submits")
         gate_ms = await gate_run(gw)
@@ -261,6 +315,8 @@ async def run(m: int, workers: int, keep: bool) -> int:
     t.add_row("overrun GPU-s / ledger exact", f"{overrun} / {exact}", "0 / true")
     t.add_row("Kubernetes past the bound (not billed)", f"{k8s_late} GPU-s", "")
     Console().print(t)
+    rates = {"direct": direct["rate"], "no-op check": noop["rate"], "plane": plane_rate}
+    Console().print(bill_table(bills, rates, m))
     print(f"jobs: n={m} plane_admit_per_s={plane_rate:.1f} "
           f"kueue_direct_admit_per_s={direct['rate']:.1f} ratio={ratio:.2f} "
           f"submit_to_admitted_p99_ms={p99:.0f} gate_close_ms={gate_ms:.1f} "

@@ -1,0 +1,68 @@
+"""bench.account: which component a process is billed to, and the apiserver's counters."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.account import component, parse_api, spent, take_cpu
+
+
+@pytest.mark.parametrize(("comm", "argv", "expected"), [
+    ("kube-apiserver", ["/root/.cache/kestrel/bin/kube-apiserver-v1.34.4", "--etcd-servers=x"],
+     "kube-apiserver"),
+    # comm is cut to 15 characters; the binary's name is versioned.
+    ("kube-controller", ["/c/bin/kube-controller-manager-v1.34.4"], "kube-controller-manager"),
+    ("kueue-v0.19.2", ["/c/bin/kueue-v0.19.2", "--config=/x"], "kueue"),
+    ("postgres", ["postgres: kestrel kestrel 127.0.0.1(5432) idle"], "postgres"),
+    ("python", ["/r/.venv/bin/python", "-m", "services.placer"], "kestrel placer"),
+    ("python", ["/r/.venv/bin/python", "-m", "bench.jobs", "--jobs", "10"], "bench.jobs"),
+    ("bash", ["bash", "-c", "sleep 1"], "other"),
+])
+def test_a_process_is_billed_to_its_component(comm: str, argv: list[str],
+                                               expected: str) -> None:
+    assert component(comm, argv) == expected
+
+
+def test_processes_are_summed_per_component_and_others_left_out(tmp_path: Path) -> None:
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def proc(pid: int, comm: str, argv: list[str], utime: int, stime: int) -> None:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        # Field 14 and 15 of /proc/<pid>/stat are utime and stime; comm may hold spaces.
+        rest = ["S", "1"] + ["0"] * 9 + [str(utime), str(stime)] + ["0"] * 10
+        (d / "stat").write_text(f"{pid} ({comm}) {' '.join(rest)}\n")
+        (d / "cmdline").write_bytes("\0".join(argv).encode() + b"\0")
+
+    proc(10, "python", ["python", "-m", "services.meter"], tick, tick)
+    proc(11, "python", ["python", "-m", "services.meter"], 0, tick)
+    proc(12, "nats-server", ["nats-server", "-js"], 2 * tick, 0)
+    proc(13, "my (odd) cmd", ["sh"], 5 * tick, 0)
+    (tmp_path / "self").mkdir()
+    assert take_cpu(tmp_path) == {"kestrel meter": 3.0, "nats-server": 2.0}
+
+
+def test_the_apiserver_counters_sum_write_verbs_per_resource_and_watch_events() -> None:
+    metrics = "\n".join([
+        "# HELP apiserver_request_total Counter of apiserver requests",
+        'apiserver_request_total{code="201",group="kueue.x-k8s.io",resource="workloads",'
+        'subresource="",verb="POST",version="v1beta2"} 10',
+        'apiserver_request_total{code="200",group="kueue.x-k8s.io",resource="workloads",'
+        'subresource="status",verb="PATCH",version="v1beta2"} 7',
+        'apiserver_request_total{code="409",group="kueue.x-k8s.io",resource="workloads",'
+        'subresource="status",verb="PUT",version="v1beta2"} 2',
+        'apiserver_request_total{code="200",group="kueue.x-k8s.io",resource="workloads",'
+        'subresource="",verb="WATCH",version="v1beta2"} 99',
+        'apiserver_request_total{code="200",group="",resource="pods",subresource="",'
+        'verb="LIST",version="v1"} 5',
+        'apiserver_watch_events_total{group="",resource="pods",version="v1"} 40',
+        'apiserver_watch_events_sizes_sum{group="",resource="pods",version="v1"} 12345',
+    ])
+    assert parse_api(metrics) == {"writes workloads": 19.0, "watch events pods": 40.0}
+
+
+def test_spent_is_what_each_counter_gained_and_new_counters_count_whole() -> None:
+    assert spent({"a": 1.0, "b": 2.0}, {"a": 3.5, "b": 2.0, "c": 4.0}) == {"a": 2.5, "c": 4.0}
