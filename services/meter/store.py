@@ -107,14 +107,18 @@ class MeterStore:
         """Unconsumed part of open reservations: sum(max(0, amount - charged so far)).
 
         A reservation whose allocation is closed holds nothing: its final cost is
-        in `charged` (committed in the same transaction as the close)."""
+        in `charged` (committed in the same transaction as the close). One without an
+        allocation has no ledger rows yet and holds its whole amount, so the ledger is
+        summed only for the running ones: a tenant with a thousand queued jobs costs a
+        thousand additions here, not a thousand ledger scans on every refresh."""
         rows = await self.pool.fetch("""
-            SELECT r.tenant, sum(greatest(r.amount - coalesce(u.cost, 0), 0)) AS held
+            SELECT r.tenant, sum(CASE WHEN a.workload_id IS NULL THEN r.amount
+                ELSE greatest(r.amount - coalesce((SELECT sum(l.cost) FROM ledger l
+                                                   WHERE l.workload_id = r.workload_id), 0),
+                              0) END) AS held
             FROM reservations r
             LEFT JOIN reservation_releases x ON x.reservation_id = r.reservation_id
             LEFT JOIN allocations a ON a.workload_id = r.workload_id
-            LEFT JOIN LATERAL (SELECT sum(l.cost) AS cost FROM ledger l
-                               WHERE l.workload_id = r.workload_id) u ON true
             WHERE x.reservation_id IS NULL AND r.tenant = ANY($1::text[])
               AND (a.status IS NULL OR a.status <> 2)
             GROUP BY r.tenant""", list(tenants))

@@ -150,3 +150,33 @@ async def test_ledger_sums_and_cost_are_exact_in_postgres(
     assert await pool.fetchval(
         "SELECT count(*) FROM allocations WHERE tenant = $1 AND status <> 2", tenant) == 0
     await asyncio.sleep(0)
+
+
+async def test_reserved_holds_what_open_reservations_have_not_yet_consumed(
+        pool: asyncpg.Pool) -> None:
+    store = MeterStore(pool)
+    price = {"gpu-h100": Decimal("0.001")}
+    for tenant in ("holds", "other"):
+        await store.ensure_tenant(tenant, T0)
+        await store.top_up(tenant, Decimal("100"), f"{tenant}-t", "", T0)
+    await store.set_price("gpu-h100", price["gpu-h100"], T0)
+    # w2 and w3 run 100 s (0.1 credits each); w4 ran 1 s and finished.
+    await store.apply_batch([
+        Event(f"{w}-a", "holds", w, 1, EventType.ADMITTED, T0, "gpu-h100", 1)
+        for w in ("w2", "w3", "w4")] + [
+        Event("w4-f", "holds", "w4", 1, EventType.FINISHED, T0 + 1_000_000, "gpu-h100", 1)],
+        price, T0)
+    await store.apply_tick(await store.open_allocations(), T0 + 100_000_000, "tick-1",
+                           T0 + 100_000_000)
+    for rid, tenant, wid, amount in [
+            ("r1", "holds", "w1", "1"),     # not started: holds it all
+            ("r2", "holds", "w2", "1"),     # 0.1 consumed: holds 0.9
+            ("r3", "holds", "w3", "0.05"),  # consumed past it: holds nothing
+            ("r4", "holds", "w4", "1"),     # closed: its cost is charged instead
+            ("r5", "holds", "w5", "1"),     # released by admission
+            ("r6", "other", "x1", "7")]:
+        await pool.execute("INSERT INTO reservations VALUES ($1, $2, $3, $4, $5)",
+                           rid, tenant, wid, Decimal(amount), T0)
+    await pool.execute("INSERT INTO reservation_releases VALUES ('r5', 'cancelled', $1)", T0)
+    assert await store.reserved(["holds", "nobody"]) == {"holds": Decimal("1.9"),
+                                                         "nobody": Decimal(0)}
