@@ -119,32 +119,37 @@ class Admission:
 
     # --- the ledger snapshot -------------------------------------------------
 
-    async def _budget(self, tenant: str, b: Book) -> tuple[Policy | None, Budget, list[str]]:
-        snap: Snapshot = await self.store.snapshot(tenant, b.seq, sorted(b.started))
+    async def _snapshot(self, tenant: str, b: Book, costs: bool) -> Snapshot:
+        """Read the ledger once: fold the charges since the last look into the book,
+        and spend the holds whose allocation the meter has closed."""
+        snap = await self.store.snapshot(tenant, b.seq, sorted(b.started), costs)
         b.charged += snap.charged_since
         b.seq = snap.seq
-        spent = [jid for jid, (closed, _) in snap.started.items() if closed and jid in b.holds]
-        started = []
-        for jid in b.started:
-            closed, consumed = snap.started.get(jid, (False, ZERO))
-            started.append(Hold(jid, b.holds[jid], consumed, closed))
-        return snap.policy, Budget(snap.credits, b.charged, b.pending, tuple(started)), spent
-
-    async def _spend(self, b: Book, spent: list[str]) -> None:
+        spent = [jid for jid in snap.closed if jid in b.holds]
         if spent:
             await self.store.release(spent, "allocation closed by the meter", self.clock())
             for jid in spent:
                 b.drop(jid)
+        return snap
+
+    async def _budget(self, tenant: str, b: Book) -> tuple[Policy | None, Budget]:
+        """The budget a decision needs: started holds count what they have not yet
+        consumed, so this snapshot carries each started allocation's cost."""
+        snap = await self._snapshot(tenant, b, costs=True)
+        started = tuple(Hold(jid, b.holds[jid], snap.consumed.get(jid, ZERO), False)
+                        for jid in b.started)
+        return snap.policy, Budget(snap.credits, b.charged, b.pending, started)
 
     async def money(self, tenant: str) -> Money | None:
-        """The tenant's figures from a fresh ledger snapshot (None: unknown tenant)."""
+        """The tenant's credits and charges from a fresh ledger snapshot (None: unknown
+        tenant). The runway check asks for this often and needs no hold's cost."""
         b = self.book(tenant)
         async with b.lock:
-            policy, budget, spent = await self._budget(tenant, b)
-            await self._spend(b, spent)
-        if policy is None:
+            snap = await self._snapshot(tenant, b, costs=False)
+            charged = b.charged
+        if snap.policy is None:
             return None
-        return Money(budget.credits, budget.charged, budget.remaining)
+        return Money(snap.credits, charged)
 
     # --- decisions -----------------------------------------------------------
 
@@ -163,10 +168,9 @@ class Admission:
                 existing = await self.store.find_by_key(ask.tenant, key)
                 if existing is not None:
                     return self._replay(existing)
-            policy, budget, spent = await self._budget(ask.tenant, b)
+            policy, budget = await self._budget(ask.tenant, b)
             if policy is None:
                 raise NotFound(f"tenant {ask.tenant!r} does not exist")
-            await self._spend(b, spent)
             queue_ahead = any(h.priority >= ask.priority for h in b.held.values())
             d = decide(ask, policy, budget, self.prices, self.max_node_gpus, queue_ahead)
             row = await self.store.insert(ask, name, spec, key, d, self.clock())
@@ -196,9 +200,11 @@ class Admission:
         b = self.book(tenant)
         released: list[JobRow] = []
         async with b.lock:
-            policy, budget, spent = await self._budget(tenant, b)
-            await self._spend(b, spent)
-            if policy is None or not b.held:
+            if not b.held:  # nothing to release: only spend closed holds
+                await self._snapshot(tenant, b, costs=False)
+                return released
+            policy, budget = await self._budget(tenant, b)
+            if policy is None:
                 return released
             for ask, d in releasable(list(b.held.values()), policy, budget, self.prices,
                                      self.max_node_gpus):

@@ -59,7 +59,6 @@ class Money:
 
     credits: Decimal
     charged: Decimal
-    remaining: Decimal
 
     @property
     def spent(self) -> bool:

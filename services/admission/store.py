@@ -26,7 +26,8 @@ class Snapshot:
     credits: Decimal
     charged_since: Decimal  # ledger cost of the tenant with row_id > the given seq
     seq: int
-    started: dict[str, tuple[bool, Decimal]]  # job id -> (allocation closed, cost so far)
+    closed: frozenset[str]  # of the started job ids asked about: allocation closed
+    consumed: dict[str, Decimal]  # started job id -> its ledger cost so far (when asked)
 
 
 class AdmissionStore:
@@ -49,15 +50,20 @@ class AdmissionStore:
             FROM prices ORDER BY flavor, effective_us DESC, price_id DESC""")
         return {r["flavor"]: r["price_per_gpu_s"] for r in rows}
 
-    async def snapshot(self, tenant: str, after_seq: int, started: Sequence[str]) -> Snapshot:
-        r = await self.pool.fetchrow("""
+    async def snapshot(self, tenant: str, after_seq: int, started: Sequence[str],
+                       costs: bool = True) -> Snapshot:
+        """Credits, charges since `after_seq`, which `started` allocations the meter has
+        closed and, with `costs`, each one's ledger cost so far. The costs sum ledger
+        rows per allocation (one per meter tick): the dear part, so a caller that only
+        needs credits and charges leaves them out."""
+        cost = ("(SELECT coalesce(sum(x.cost), 0)::text FROM ledger x "
+                "WHERE x.workload_id = a.workload_id)") if costs else "NULL"
+        r = await self.pool.fetchrow(f"""
             SELECT p.gpu_quota, p.suspended, (p.tenant IS NOT NULL) AS known,
                    (SELECT coalesce(sum(amount), 0) FROM credits WHERE tenant = $1) AS credits,
                    l.s AS charged, l.m AS seq,
                    (SELECT coalesce(json_agg(json_build_array(
-                        a.workload_id, a.status = $4,
-                        (SELECT coalesce(sum(x.cost), 0)::text FROM ledger x
-                         WHERE x.workload_id = a.workload_id))), '[]')
+                        a.workload_id, a.status = $4, {cost})), '[]')
                     FROM allocations a WHERE a.workload_id = ANY($3::text[])) AS allocs
             FROM (SELECT coalesce(sum(cost), 0) AS s, coalesce(max(row_id), $2) AS m
                   FROM ledger WHERE tenant = $1 AND row_id > $2) l
@@ -68,9 +74,10 @@ class AdmissionStore:
         if r["known"]:
             quota = {k: int(v) for k, v in json.loads(r["gpu_quota"]).items()}
             policy = Policy(tenant, quota, bool(r["suspended"]))
-        allocs = {wid: (bool(closed), Decimal(cost))
-                  for wid, closed, cost in json.loads(r["allocs"])}
-        return Snapshot(policy, r["credits"], r["charged"], int(r["seq"]), allocs)
+        allocs = json.loads(r["allocs"])
+        closed = frozenset(wid for wid, is_closed, _ in allocs if is_closed)
+        consumed = {wid: Decimal(c) for wid, _, c in allocs if c is not None}
+        return Snapshot(policy, r["credits"], r["charged"], int(r["seq"]), closed, consumed)
 
     async def find_by_key(self, tenant: str, key: str) -> JobRow | None:
         r = await self.pool.fetchrow(

@@ -25,8 +25,8 @@ def job(state: JobState, reason: str = "needs 1 credit, 0 remain") -> JobRow:
                   1, 0, 0, 0, 1, 0, 1, 60)
 
 
-FINE = Money(Decimal(10), Decimal(2), Decimal(5))
-SPENT = Money(Decimal(10), Decimal(10), Decimal(-1))
+FINE = Money(Decimal(10), Decimal(2))
+SPENT = Money(Decimal(10), Decimal(10))
 
 
 @pytest.mark.parametrize(("name", "state", "money", "want", "says"), [
@@ -84,10 +84,10 @@ def test_only_differences_are_patched() -> None:
 def test_spending_alone_does_not_patch_a_workload_again() -> None:
     running = {"job-1": job(JobState.RUNNING)}
     before = verdict(running["job-1"], FINE)
-    later = Money(Decimal(10), Decimal(7), Decimal(2))  # ticks charged more since
+    later = Money(Decimal(10), Decimal(7))  # ticks charged more since
     assert changes([wl("Ready", before.message)], running, {"acme": later}) == []
     spent = verdict(running["job-1"], SPENT)
-    more = Money(Decimal(10), Decimal(12), Decimal(-3))
+    more = Money(Decimal(10), Decimal(12))
     assert changes([wl("Pending", spent.message)], running, {"acme": more}) == []
 
 
