@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import shutil
 import sys
 import threading
@@ -199,7 +200,7 @@ def bill_table(bills: dict[str, Bill], rates: dict[str, float], m: int) -> Table
     t.add_row("CPU-ms total", *(f"{total[r] * 1000:.1f}" for r in runs), end_section=True)
     t.add_row("cores busy (admitted/s x CPU-s per job)",
               *(f"{rates.get(r, 0.0) * total[r]:.2f}" for r in runs))
-    base = total.get("direct", 0.0)
+    base = total[runs[0]]
     t.add_row("first run's CPU per job / this run's (the ratio if CPU-bound)",
               *(f"{base / total[r]:.2f}" if total[r] else "-" for r in runs), end_section=True)
     for n in API_ROWS:
@@ -224,12 +225,12 @@ async def run(m: int, workers: int, keep: bool) -> int:
 
     before = snapshot()
     direct = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()),
-                                     on_admitted=lambda: bill("direct", before))
+                                     on_admitted=functools.partial(bill, "direct", before))
     console.print(f"    {direct['rate']:.1f} admitted/s")
     console.print("(1b) straight to Kueue, behind an admission check that says Ready at once")
     before = snapshot()
     noop = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()), True,
-                                   lambda: bill("no-op check", before))
+                                   functools.partial(bill, "no-op check", before))
     console.print(f"    {noop['rate']:.1f} admitted/s")
 
     root = REPO / ".run" / "bench-jobs"

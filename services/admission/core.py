@@ -136,8 +136,7 @@ class Admission:
         """The budget a decision needs: started holds count what they have not yet
         consumed, so this snapshot carries each started allocation's cost."""
         snap = await self._snapshot(tenant, b, costs=True)
-        started = tuple(Hold(jid, b.holds[jid], snap.consumed.get(jid, ZERO), False)
-                        for jid in b.started)
+        started = tuple(Hold(jid, b.holds[jid], snap.consumed.get(jid, ZERO)) for jid in b.started)
         return snap.policy, Budget(snap.credits, b.charged, b.pending, started)
 
     async def money(self, tenant: str) -> Money | None:
