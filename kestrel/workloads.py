@@ -8,6 +8,14 @@ import enum
 # them in spec.podSets[].template): which Kestrel job and tenant it belongs to.
 JOB_ID_LABEL = "kestrel.dev/job-id"
 TENANT_LABEL = "kestrel.dev/tenant"
+# On a Workload that admission deactivates (spec.active=false): why, in words a
+# person reads in the job's reason ("evicted: tenant acme's budget is spent"),
+# where Kueue's own condition says only "Deactivated".
+EVICTION_REASON_ANNOTATION = "kestrel.dev/eviction-reason"
+
+
+def budget_spent_reason(tenant: str) -> str:
+    return f"evicted: tenant {tenant}'s budget is spent"
 
 
 class EventType(enum.IntEnum):
@@ -17,6 +25,7 @@ class EventType(enum.IntEnum):
     EVICTED = 4
     FAILED = 5
     QUEUED = 6
+    CANCELLED = 7
 
     @property
     def word(self) -> str:
@@ -30,4 +39,5 @@ class EventType(enum.IntEnum):
 
     @property
     def closes(self) -> bool:
-        return self in (EventType.FINISHED, EventType.EVICTED, EventType.FAILED)
+        return self in (EventType.FINISHED, EventType.EVICTED, EventType.FAILED,
+                        EventType.CANCELLED)

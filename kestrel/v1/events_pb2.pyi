@@ -34,10 +34,16 @@ class _WorkloadEventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Wor
     WORKLOAD_EVENT_TYPE_EVICTED: _WorkloadEventType.ValueType  # 4
     """Deactivated or preempted: the allocation closes at time_us."""
     WORKLOAD_EVENT_TYPE_FAILED: _WorkloadEventType.ValueType  # 5
-    """Failed or cancelled: the allocation closes at time_us."""
+    """Failed (deadline, pod failure, deleted outside Kestrel): the allocation
+    closes at time_us.
+    """
     WORKLOAD_EVENT_TYPE_QUEUED: _WorkloadEventType.ValueType  # 6
     """The Kubernetes Job exists and waits for Kueue quota; nothing is metered yet.
     `flavor` is the placer's choice and `reason` says why.
+    """
+    WORKLOAD_EVENT_TYPE_CANCELLED: _WorkloadEventType.ValueType  # 7
+    """Cancelled by its tenant (CancelJob): the allocation closes at time_us, the
+    instant of the cancel.
     """
 
 class WorkloadEventType(_WorkloadEventType, metaclass=_WorkloadEventTypeEnumTypeWrapper):
@@ -57,10 +63,16 @@ WORKLOAD_EVENT_TYPE_FINISHED: WorkloadEventType.ValueType  # 3
 WORKLOAD_EVENT_TYPE_EVICTED: WorkloadEventType.ValueType  # 4
 """Deactivated or preempted: the allocation closes at time_us."""
 WORKLOAD_EVENT_TYPE_FAILED: WorkloadEventType.ValueType  # 5
-"""Failed or cancelled: the allocation closes at time_us."""
+"""Failed (deadline, pod failure, deleted outside Kestrel): the allocation
+closes at time_us.
+"""
 WORKLOAD_EVENT_TYPE_QUEUED: WorkloadEventType.ValueType  # 6
 """The Kubernetes Job exists and waits for Kueue quota; nothing is metered yet.
 `flavor` is the placer's choice and `reason` says why.
+"""
+WORKLOAD_EVENT_TYPE_CANCELLED: WorkloadEventType.ValueType  # 7
+"""Cancelled by its tenant (CancelJob): the allocation closes at time_us, the
+instant of the cancel.
 """
 Global___WorkloadEventType: _TypeAlias = WorkloadEventType  # noqa: Y015
 
@@ -106,7 +118,7 @@ Global___RunwayChangeReason: _TypeAlias = RunwayChangeReason  # noqa: Y015
 
 @_typing.final
 class WorkloadEvent(_message.Message):
-    """kestrel.workload.<tenant>.<queued|admitted|started|finished|evicted|failed>
+    """kestrel.workload.<tenant>.<queued|admitted|started|finished|evicted|failed|cancelled>
     Published by the placer, consumed by the meter (durable consumer).
     """
 

@@ -25,6 +25,7 @@ from kestrel.errors import FailedPrecondition, NotFound
 from kestrel.jobs import JobRow
 from kestrel.money import ZERO
 from kestrel.v1 import common_pb2
+from kestrel.workloads import EventType
 from services.admission.domain import (
     Budget,
     Decision,
@@ -40,6 +41,13 @@ from services.admission.runway_check import Money
 from services.admission.store import AdmissionStore, Snapshot
 
 log = logging.getLogger("kestrel.admission")
+
+# The job state a workload event moves a job to (STARTED changes nothing: a job is
+# RUNNING from Kueue's admission, when metering starts).
+_STATE_OF: dict[int, JobState] = {
+    EventType.ADMITTED: JobState.RUNNING, EventType.FINISHED: JobState.SUCCEEDED,
+    EventType.EVICTED: JobState.EVICTED, EventType.FAILED: JobState.FAILED,
+    EventType.CANCELLED: JobState.CANCELLED, EventType.QUEUED: JobState.QUEUED}
 
 # (row, previous state or None for a new job, whether it was just admitted)
 Publisher = Callable[[JobRow, JobState | None], Awaitable[None]]
@@ -246,8 +254,7 @@ class Admission:
         """Follow a job through Kubernetes (events from the placer)."""
         b = self.book(tenant)
         live = [JobState.ADMITTED, JobState.QUEUED, JobState.RUNNING]
-        target = {1: JobState.RUNNING, 3: JobState.SUCCEEDED, 4: JobState.EVICTED,
-                  5: JobState.FAILED, 6: JobState.QUEUED}.get(kind)
+        target = _STATE_OF.get(kind)
         async with b.lock:
             b.start(job_id)
             if target is None:

@@ -27,7 +27,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from kestrel.cluster import KUEUE_API_VERSION, KUEUE_GROUP
-from kestrel.workloads import TENANT_LABEL
+from kestrel.workloads import EVICTION_REASON_ANNOTATION, TENANT_LABEL, budget_spent_reason
 from services.admission.core import Admission
 from services.admission.runway_check import (
     Money,
@@ -110,10 +110,13 @@ class Kueue:
             KUEUE_GROUP, KUEUE_API_VERSION, w.namespace, "workloads", w.name, ops,
             _content_type="application/json-patch+json")
 
-    def deactivate(self, w: WorkloadView) -> None:
+    def deactivate(self, w: WorkloadView, reason: str) -> None:
+        """spec.active=false, with the reason on the Workload in the same write (Kueue's
+        Evicted condition will only say "Deactivated")."""
         self.custom.patch_namespaced_custom_object(
             KUEUE_GROUP, KUEUE_API_VERSION, w.namespace, "workloads", w.name,
-            {"spec": {"active": False}})
+            {"metadata": {"annotations": {EVICTION_REASON_ANNOTATION: reason}},
+             "spec": {"active": False}})
 
     def keep_active(self, check: str) -> bool:
         """Active=True on the AdmissionCheck, patched only when it is not so already: each
@@ -267,5 +270,5 @@ class RunwayCheckController:
             if key in self.deactivated:
                 continue
             log.warning("deactivating %s: its tenant's budget is spent", key)
-            await asyncio.to_thread(kueue.deactivate, w)
+            await asyncio.to_thread(kueue.deactivate, w, budget_spent_reason(w.tenant))
             self.deactivated.add(key)

@@ -17,7 +17,9 @@ Times come from Kubernetes timestamps, never from the placer's clock:
 - FINISHED the Workload's Finished=True transition when it succeeded
 - FAILED   Finished=True otherwise; the Job's Failed condition or the Workload's
            deletion when the Workload vanished while it still held quota
-- EVICTED  the Workload's Evicted=True transition (e.g. Deactivated)
+- EVICTED  the Workload's Evicted=True transition (e.g. Deactivated); the reason
+           is admission's annotation kestrel.dev/eviction-reason when it
+           deactivated the Workload ("evicted: tenant acme's budget is spent")
 
 Kueue counts evictions in status.schedulingStats; a Workload that gets quota
 again after an eviction is a new allocation, `<job_id>.r2`, `.r3`, ...
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kestrel.workloads import JOB_ID_LABEL, TENANT_LABEL, EventType
+from kestrel.workloads import EVICTION_REASON_ANNOTATION, JOB_ID_LABEL, TENANT_LABEL, EventType
 
 __all__ = ["JOB_ID_LABEL", "TENANT_LABEL", "EventType"]
 FLAVOR_ANNOTATION = "kestrel.dev/flavor"
@@ -238,6 +240,8 @@ def derive(obs: Observed) -> list[Derived]:
 
     admitted = condition(wl, "Admitted")
     evicted = condition(wl, "Evicted")
+    why_evicted = ((wmeta.get("annotations") or {}).get(EVICTION_REASON_ANNOTATION)
+                   or (_words(evicted, "evicted") if evicted is not None else ""))[:200]
     finished = condition(wl, "Finished")
     n_evicted = evictions(wl)
     if is_true(evicted) and evicted is not None:
@@ -246,10 +250,10 @@ def derive(obs: Observed) -> list[Derived]:
         if is_true(admitted) and admitted is not None:
             out.append(event(EventType.ADMITTED, wid, time_us(admitted["lastTransitionTime"]),
                              _words(admitted, "admitted")))
-            out.append(event(EventType.EVICTED, wid, at, _words(evicted, "evicted")))
+            out.append(event(EventType.EVICTED, wid, at, why_evicted))
         elif admitted is not None and time_us(admitted["lastTransitionTime"]) >= at:
             # Admitted went False with this eviction: the allocation it ends did run.
-            out.append(event(EventType.EVICTED, wid, at, _words(evicted, "evicted")))
+            out.append(event(EventType.EVICTED, wid, at, why_evicted))
         return out  # evicted while it waited at a check: nothing was metered
     wid = allocation_id(job_id, n_evicted + 1)
     held = is_true(admitted) and admitted is not None
@@ -280,7 +284,6 @@ def derive(obs: Observed) -> list[Derived]:
 
 def open_allocation(events: Sequence[Derived]) -> Derived | None:
     """The ADMITTED event of the allocation still open among `events`, if any."""
-    closed = {e.workload_id for e in events
-              if e.type in (EventType.FINISHED, EventType.FAILED, EventType.EVICTED)}
+    closed = {e.workload_id for e in events if e.type.closes}
     opened = [e for e in events if e.type is EventType.ADMITTED and e.workload_id not in closed]
     return opened[-1] if opened else None
