@@ -67,22 +67,51 @@ class Tenant(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class GpuBorrowEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     TENANT_FIELD_NUMBER: _builtins.int
     DISPLAY_NAME_FIELD_NUMBER: _builtins.int
     GPU_QUOTA_FIELD_NUMBER: _builtins.int
     RATE_LIMIT_FIELD_NUMBER: _builtins.int
     SUSPENDED_FIELD_NUMBER: _builtins.int
     CREATED_US_FIELD_NUMBER: _builtins.int
+    GPU_BORROW_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     display_name: _builtins.str
     suspended: _builtins.bool
     created_us: _builtins.int
     @_builtins.property
     def gpu_quota(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
-        """GPU quota per flavor (ClusterQueue nominal quota)."""
+        """GPU quota per flavor (ClusterQueue nominal quota): a cap, unless gpu_borrow
+        lets the tenant go beyond it.
+        """
 
     @_builtins.property
     def rate_limit(self) -> Global___RateLimit: ...
+    @_builtins.property
+    def gpu_borrow(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """GPUs per flavor the tenant may borrow beyond gpu_quota from the cohort's unused
+        quota (Kueue borrowingLimit): an explicit operator choice; absent = none.
+        """
+
     def __init__(
         self,
         *,
@@ -92,10 +121,11 @@ class Tenant(_message.Message):
         rate_limit: Global___RateLimit | None = ...,
         suspended: _builtins.bool = ...,
         created_us: _builtins.int = ...,
+        gpu_borrow: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["rate_limit", b"rate_limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_us", b"created_us", "display_name", b"display_name", "gpu_quota", b"gpu_quota", "rate_limit", b"rate_limit", "suspended", b"suspended", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_us", b"created_us", "display_name", b"display_name", "gpu_borrow", b"gpu_borrow", "gpu_quota", b"gpu_quota", "rate_limit", b"rate_limit", "suspended", b"suspended", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kestrel.v1 import common_pb2 as kestrel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kestrel/v1/placer.proto\x12\nkestrel.v1\x1a\x17kestrel/v1/common.proto\"+\n\x0b\x46lavorQuota\x12\x0e\n\x06\x66lavor\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x01(\x05\"M\n\x13\x45nsureTenantRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12&\n\x05quota\x18\x02 \x03(\x0b\x32\x17.kestrel.v1.FlavorQuota\"U\n\x14\x45nsureTenantResponse\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x13\n\x0blocal_queue\x18\x02 \x01(\t\x12\x15\n\rcluster_queue\x18\x03 \x01(\t\"L\n\x15\x43\x61ncelWorkloadRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0bworkload_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"?\n\x16\x43\x61ncelWorkloadResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x12\x14\n\x0c\x63\x61ncelled_us\x18\x02 \x01(\x03\">\n\x14\x41pplyEndpointRequest\x12&\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x14.kestrel.v1.Endpoint\"?\n\x15\x41pplyEndpointResponse\x12&\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x14.kestrel.v1.Endpoint\"]\n\x14ScaleEndpointRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\x12\x10\n\x08replicas\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\")\n\x15ScaleEndpointResponse\x12\x10\n\x08replicas\x18\x01 \x01(\x05\"<\n\x15\x44\x65leteEndpointRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\")\n\x16\x44\x65leteEndpointResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x32\xb9\x03\n\x06Placer\x12Q\n\x0c\x45nsureTenant\x12\x1f.kestrel.v1.EnsureTenantRequest\x1a .kestrel.v1.EnsureTenantResponse\x12W\n\x0e\x43\x61ncelWorkload\x12!.kestrel.v1.CancelWorkloadRequest\x1a\".kestrel.v1.CancelWorkloadResponse\x12T\n\rApplyEndpoint\x12 .kestrel.v1.ApplyEndpointRequest\x1a!.kestrel.v1.ApplyEndpointResponse\x12T\n\rScaleEndpoint\x12 .kestrel.v1.ScaleEndpointRequest\x1a!.kestrel.v1.ScaleEndpointResponse\x12W\n\x0e\x44\x65leteEndpoint\x12!.kestrel.v1.DeleteEndpointRequest\x1a\".kestrel.v1.DeleteEndpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kestrel/v1/placer.proto\x12\nkestrel.v1\x1a\x17kestrel/v1/common.proto\"@\n\x0b\x46lavorQuota\x12\x0e\n\x06\x66lavor\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x01(\x05\x12\x13\n\x0b\x62orrow_gpus\x18\x03 \x01(\x05\"M\n\x13\x45nsureTenantRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12&\n\x05quota\x18\x02 \x03(\x0b\x32\x17.kestrel.v1.FlavorQuota\"U\n\x14\x45nsureTenantResponse\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x13\n\x0blocal_queue\x18\x02 \x01(\t\x12\x15\n\rcluster_queue\x18\x03 \x01(\t\"L\n\x15\x43\x61ncelWorkloadRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0bworkload_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"?\n\x16\x43\x61ncelWorkloadResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x12\x14\n\x0c\x63\x61ncelled_us\x18\x02 \x01(\x03\">\n\x14\x41pplyEndpointRequest\x12&\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x14.kestrel.v1.Endpoint\"?\n\x15\x41pplyEndpointResponse\x12&\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x14.kestrel.v1.Endpoint\"]\n\x14ScaleEndpointRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\x12\x10\n\x08replicas\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\")\n\x15ScaleEndpointResponse\x12\x10\n\x08replicas\x18\x01 \x01(\x05\"<\n\x15\x44\x65leteEndpointRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\")\n\x16\x44\x65leteEndpointResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x32\xb9\x03\n\x06Placer\x12Q\n\x0c\x45nsureTenant\x12\x1f.kestrel.v1.EnsureTenantRequest\x1a .kestrel.v1.EnsureTenantResponse\x12W\n\x0e\x43\x61ncelWorkload\x12!.kestrel.v1.CancelWorkloadRequest\x1a\".kestrel.v1.CancelWorkloadResponse\x12T\n\rApplyEndpoint\x12 .kestrel.v1.ApplyEndpointRequest\x1a!.kestrel.v1.ApplyEndpointResponse\x12T\n\rScaleEndpoint\x12 .kestrel.v1.ScaleEndpointRequest\x1a!.kestrel.v1.ScaleEndpointResponse\x12W\n\x0e\x44\x65leteEndpoint\x12!.kestrel.v1.DeleteEndpointRequest\x1a\".kestrel.v1.DeleteEndpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,27 +33,27 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kestrel.v1.placer_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FLAVORQUOTA']._serialized_start=64
-  _globals['_FLAVORQUOTA']._serialized_end=107
-  _globals['_ENSURETENANTREQUEST']._serialized_start=109
-  _globals['_ENSURETENANTREQUEST']._serialized_end=186
-  _globals['_ENSURETENANTRESPONSE']._serialized_start=188
-  _globals['_ENSURETENANTRESPONSE']._serialized_end=273
-  _globals['_CANCELWORKLOADREQUEST']._serialized_start=275
-  _globals['_CANCELWORKLOADREQUEST']._serialized_end=351
-  _globals['_CANCELWORKLOADRESPONSE']._serialized_start=353
-  _globals['_CANCELWORKLOADRESPONSE']._serialized_end=416
-  _globals['_APPLYENDPOINTREQUEST']._serialized_start=418
-  _globals['_APPLYENDPOINTREQUEST']._serialized_end=480
-  _globals['_APPLYENDPOINTRESPONSE']._serialized_start=482
-  _globals['_APPLYENDPOINTRESPONSE']._serialized_end=545
-  _globals['_SCALEENDPOINTREQUEST']._serialized_start=547
-  _globals['_SCALEENDPOINTREQUEST']._serialized_end=640
-  _globals['_SCALEENDPOINTRESPONSE']._serialized_start=642
-  _globals['_SCALEENDPOINTRESPONSE']._serialized_end=683
-  _globals['_DELETEENDPOINTREQUEST']._serialized_start=685
-  _globals['_DELETEENDPOINTREQUEST']._serialized_end=745
-  _globals['_DELETEENDPOINTRESPONSE']._serialized_start=747
-  _globals['_DELETEENDPOINTRESPONSE']._serialized_end=788
-  _globals['_PLACER']._serialized_start=791
-  _globals['_PLACER']._serialized_end=1232
+  _globals['_FLAVORQUOTA']._serialized_end=128
+  _globals['_ENSURETENANTREQUEST']._serialized_start=130
+  _globals['_ENSURETENANTREQUEST']._serialized_end=207
+  _globals['_ENSURETENANTRESPONSE']._serialized_start=209
+  _globals['_ENSURETENANTRESPONSE']._serialized_end=294
+  _globals['_CANCELWORKLOADREQUEST']._serialized_start=296
+  _globals['_CANCELWORKLOADREQUEST']._serialized_end=372
+  _globals['_CANCELWORKLOADRESPONSE']._serialized_start=374
+  _globals['_CANCELWORKLOADRESPONSE']._serialized_end=437
+  _globals['_APPLYENDPOINTREQUEST']._serialized_start=439
+  _globals['_APPLYENDPOINTREQUEST']._serialized_end=501
+  _globals['_APPLYENDPOINTRESPONSE']._serialized_start=503
+  _globals['_APPLYENDPOINTRESPONSE']._serialized_end=566
+  _globals['_SCALEENDPOINTREQUEST']._serialized_start=568
+  _globals['_SCALEENDPOINTREQUEST']._serialized_end=661
+  _globals['_SCALEENDPOINTRESPONSE']._serialized_start=663
+  _globals['_SCALEENDPOINTRESPONSE']._serialized_end=704
+  _globals['_DELETEENDPOINTREQUEST']._serialized_start=706
+  _globals['_DELETEENDPOINTREQUEST']._serialized_end=766
+  _globals['_DELETEENDPOINTRESPONSE']._serialized_start=768
+  _globals['_DELETEENDPOINTRESPONSE']._serialized_end=809
+  _globals['_PLACER']._serialized_start=812
+  _globals['_PLACER']._serialized_end=1253
 # @@protoc_insertion_point(module_scope)

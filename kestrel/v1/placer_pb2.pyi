@@ -25,17 +25,24 @@ class FlavorQuota(_message.Message):
 
     FLAVOR_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
+    BORROW_GPUS_FIELD_NUMBER: _builtins.int
     flavor: _builtins.str
     gpus: _builtins.int
+    """Nominal quota: GPUs the tenant's ClusterQueue owns on this flavor."""
+    borrow_gpus: _builtins.int
+    """GPUs it may borrow beyond `gpus` from the cohort's unused quota (Kueue's
+    borrowingLimit). 0, the default: the quota is a cap.
+    """
     def __init__(
         self,
         *,
         flavor: _builtins.str = ...,
         gpus: _builtins.int = ...,
+        borrow_gpus: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["flavor", b"flavor", "gpus", b"gpus"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["borrow_gpus", b"borrow_gpus", "flavor", b"flavor", "gpus", b"gpus"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -59,7 +59,7 @@ class AdmissionStore:
         cost = ("(SELECT coalesce(sum(x.cost), 0)::text FROM ledger x "
                 "WHERE x.workload_id = a.workload_id)") if costs else "NULL"
         r = await self.pool.fetchrow(f"""
-            SELECT p.gpu_quota, p.suspended, (p.tenant IS NOT NULL) AS known,
+            SELECT p.gpu_quota, p.gpu_borrow, p.suspended, (p.tenant IS NOT NULL) AS known,
                    (SELECT coalesce(sum(amount), 0) FROM credits WHERE tenant = $1) AS credits,
                    l.s AS charged, l.m AS seq,
                    (SELECT coalesce(json_agg(json_build_array(
@@ -72,7 +72,10 @@ class AdmissionStore:
         assert r is not None
         policy = None
         if r["known"]:
+            # The most it may hold at once: its quota plus what it may borrow.
             quota = {k: int(v) for k, v in json.loads(r["gpu_quota"]).items()}
+            for k, v in json.loads(r["gpu_borrow"]).items():
+                quota[k] = quota.get(k, 0) + int(v)
             policy = Policy(tenant, quota, bool(r["suspended"]))
         allocs = json.loads(r["allocs"])
         closed = frozenset(wid for wid, is_closed, _ in allocs if is_closed)

@@ -76,6 +76,7 @@ class View:
     workload_deleted: bool = False
     gone_us: int = 0
     published: set[str] = field(default_factory=set)
+    closed: set[str] = field(default_factory=set)  # allocations whose close is out
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -143,14 +144,15 @@ class Placer:
             log.info("created AdmissionCheck %s (controller %s)", check,
                      manifests.RUNWAY_CONTROLLER)
 
-    async def ensure_tenant(self, tenant: str, quota: Mapping[str, int] | None = None) -> None:
+    async def ensure_tenant(self, tenant: str, quota: Mapping[str, int] | None = None,
+                            borrow: Mapping[str, int] | None = None) -> None:
         """Namespace, ClusterQueue and LocalQueue of a tenant, created or patched.
         Without `quota`, the tenant's profile in Postgres gives it."""
         async with self._lock(tenant):
             profile = (await self.store.profiles([tenant])).get(tenant, TenantQuota({}))
             self.profiles_seen[tenant] = profile
             if quota is not None:
-                profile = TenantQuota(dict(quota), profile.suspended)
+                profile = TenantQuota(dict(quota), profile.suspended, dict(borrow or {}))
             await self._apply_tenant(tenant, profile)
 
     async def _apply_tenant(self, tenant: str, profile: TenantQuota) -> None:
@@ -158,13 +160,14 @@ class Placer:
         if unknown:
             log.warning("tenant %s: quota for unknown flavors %s ignored", tenant, unknown)
         cq = manifests.cluster_queue(tenant, profile.quota, self.settings.flavors,
-                                     self.settings.runway_check, profile.suspended)
+                                     self.settings.runway_check, profile.suspended,
+                                     profile.borrow)
         await asyncio.to_thread(self.kube.apply_namespace, manifests.namespace(tenant))
         await asyncio.to_thread(self.kube.apply_cluster, "clusterqueues", cq)
         await asyncio.to_thread(self.kube.apply_local_queue, manifests.local_queue(tenant))
         self.tenants[tenant] = profile
-        log.info("tenant %s ensured: quota %s%s", tenant, profile.quota,
-                 " (suspended: Hold)" if profile.suspended else "")
+        log.info("tenant %s ensured: quota %s, may borrow %s%s", tenant, profile.quota,
+                 profile.borrow or "nothing", " (suspended: Hold)" if profile.suspended else "")
 
     async def tenant_quota(self, tenant: str) -> TenantQuota:
         known = self.tenants.get(tenant)
@@ -187,7 +190,7 @@ class Placer:
     # --- placement -----------------------------------------------------------
 
     def placement(self, job: AdmittedJob, profile: TenantQuota) -> Placement:
-        quota = {f: profile.quota.get(f, 0) for f in self.settings.flavors}
+        quota = {f: profile.limit(f) for f in self.settings.flavors}
         return choose_flavor(FlavorAsk(job.gpus, job.preference, job.max_duration_s), quota,
                              self.prices, self.runways.get(job.tenant), self.settings.short_bp)
 
@@ -226,7 +229,7 @@ class Placer:
     # --- cancel --------------------------------------------------------------
 
     async def cancel(self, tenant: str, job_id: str) -> tuple[bool, int]:
-        """Delete the Job. An allocation still open ends now: FAILED "cancelled" at this
+        """Delete the Job. An allocation still open ends now: CANCELLED at this
         instant is published first, so a crash cannot leave it open. (deleted, instant)"""
         self.cancelled.add(job_id)
         ns = manifests.namespace_of(tenant)
@@ -237,13 +240,15 @@ class Placer:
             at = self.clock()
             still_open = open_allocation(derive(Observed(job, wl)))
             if still_open is not None:
-                ended = replace(still_open, type=EventType.FAILED, time_us=at, reason="cancelled")
+                ended = replace(still_open, type=EventType.CANCELLED, time_us=at,
+                                reason="cancelled by the tenant")
                 if ended.event_id not in view.published:
                     try:
                         await self.publish(ended)
                     except Exception as exc:
                         raise Unavailable(f"could not publish the end of {job_id}: {exc}") from exc
                     view.published.add(ended.event_id)
+                    view.closed.add(ended.workload_id)
                     self.on_published(ended)
             if job is None:
                 return False, at
@@ -353,8 +358,12 @@ class Placer:
             for event in events:
                 if event.event_id in view.published:
                     continue
+                if event.type.closes and event.workload_id in view.closed:
+                    continue  # one close per allocation: a cancel already ended it
                 await self._publish_retrying(event)
                 view.published.add(event.event_id)
+                if event.type.closes:
+                    view.closed.add(event.workload_id)
                 self.on_published(event)
 
     async def _publish_retrying(self, event: Derived) -> None:

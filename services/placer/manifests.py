@@ -56,17 +56,26 @@ def local_queue(tenant: str) -> dict[str, Any]:
 
 
 def cluster_queue(tenant: str, quota: Mapping[str, int], flavors: Sequence[str],
-                  check: str, suspended: bool = False) -> dict[str, Any]:
+                  check: str, suspended: bool = False,
+                  borrow: Mapping[str, int] | None = None) -> dict[str, Any]:
     """ClusterQueue `kestrel-<tenant>` in the cohort: GPU quota per flavor (0 where the
-    tenant has none, so borrowing from the cohort stays possible), the runway
-    AdmissionCheck when `check` is not empty, and Hold when the tenant is suspended."""
+    tenant has none), the runway AdmissionCheck when `check` is not empty, and Hold
+    when the tenant is suspended.
+
+    The quota is a cap: every resource gets borrowingLimit 0 unless the operator let
+    the tenant borrow on that flavor (`borrow`, GPUs beyond its quota, taken from the
+    cohort's unused quota). Without a borrowingLimit Kueue lets a ClusterQueue of a
+    cohort borrow everything the others leave unused."""
     groups = []
     for flavor in flavors:
         gpus = max(int(quota.get(flavor, 0)), 0)
+        extra = max(int((borrow or {}).get(flavor, 0)), 0)
         groups.append({"name": flavor, "resources": [
-            {"name": "cpu", "nominalQuota": str(gpus * CPU_PER_GPU)},
-            {"name": "memory", "nominalQuota": f"{gpus * MEMORY_GIB_PER_GPU}Gi"},
-            {"name": GPU, "nominalQuota": str(gpus)},
+            {"name": "cpu", "nominalQuota": str(gpus * CPU_PER_GPU),
+             "borrowingLimit": str(extra * CPU_PER_GPU)},
+            {"name": "memory", "nominalQuota": f"{gpus * MEMORY_GIB_PER_GPU}Gi",
+             "borrowingLimit": f"{extra * MEMORY_GIB_PER_GPU}Gi"},
+            {"name": GPU, "nominalQuota": str(gpus), "borrowingLimit": str(extra)},
         ]})
     spec: dict[str, Any] = {
         "cohortName": COHORT,
@@ -109,10 +118,24 @@ def _label_ok(key: str, value: str) -> bool:
             and all(c.isalnum() or c in "-_." for c in value))
 
 
+def simulated_run(max_duration_s: int, sim_duration_s: int) -> str:
+    """How long the KWOK pod of a job runs (its pod-complete delay, a Go duration).
+
+    A declared simulated duration runs as declared (longer than the bound, it meets
+    the Job's activeDeadlineSeconds and FAILS, as a real job would). Without one the
+    job finishes successfully just inside its bound: 10% short of max_duration_s, at
+    least 0.5 s and at most 60 s short, and never under half of it. Running the whole
+    bound would race the deadline and end FAILED by design."""
+    if sim_duration_s > 0:
+        return f"{sim_duration_s}s"
+    bound_ms = max_duration_s * 1000
+    short_ms = min(max(bound_ms // 10, 500), 60_000, bound_ms // 2)
+    return f"{bound_ms - short_ms}ms"
+
+
 def job(plan: JobPlan) -> dict[str, Any]:
     """A suspended batch/v1 Job for Kueue: hard deadline max_duration_s, one pod on the
     chosen flavor's nodes for sim_duration_s (KWOK), never retried."""
-    run_s = plan.sim_duration_s if plan.sim_duration_s > 0 else plan.max_duration_s
     own = {JOB_ID_LABEL: plan.job_id, TENANT_LABEL: plan.tenant}
     extra = {k: v for k, v in plan.labels.items() if _label_ok(k, v)}
     labels = {**extra, **own, QUEUE_NAME_LABEL: LOCAL_QUEUE, MANAGED_BY_LABEL: MANAGED_BY}
@@ -146,7 +169,8 @@ def job(plan: JobPlan) -> dict[str, Any]:
             "activeDeadlineSeconds": plan.max_duration_s,
             "template": {
                 "metadata": {"labels": {**extra, **own},
-                             "annotations": {KWOK_DURATION_ANNOTATION: f"{run_s}s"}},
+                             "annotations": {KWOK_DURATION_ANNOTATION: simulated_run(
+                                 plan.max_duration_s, plan.sim_duration_s)}},
                 "spec": pod_spec,
             },
         },

@@ -30,10 +30,13 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
                 v.add(f"quota[{i}].flavor", "is required")
             if q.gpus < 0:
                 v.add(f"quota[{i}].gpus", "must not be negative")
+            if q.borrow_gpus < 0:
+                v.add(f"quota[{i}].borrow_gpus", "must not be negative")
         v.raise_if_any()
         check_tenant_name(request.tenant)
         quota = {q.flavor: q.gpus for q in request.quota} if request.quota else None
-        await self.placer.ensure_tenant(request.tenant, quota)
+        borrow = {q.flavor: q.borrow_gpus for q in request.quota if q.borrow_gpus}
+        await self.placer.ensure_tenant(request.tenant, quota, borrow)
         return placer_pb2.EnsureTenantResponse(
             namespace=manifests.namespace_of(request.tenant), local_queue=manifests.LOCAL_QUEUE,
             cluster_queue=manifests.cluster_queue_of(request.tenant))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 import asyncpg
@@ -15,8 +15,17 @@ from kestrel.jobs import JobState
 
 @dataclass(frozen=True)
 class TenantQuota:
-    quota: dict[str, int]  # GPUs per flavor
+    quota: dict[str, int]  # GPUs per flavor: the ClusterQueue's nominal quota, a cap
     suspended: bool = False
+    borrow: dict[str, int] = field(default_factory=dict)  # GPUs it may borrow beyond
+
+    def limit(self, flavor: str) -> int:
+        """The most GPUs of `flavor` the tenant may hold at once."""
+        return self.quota.get(flavor, 0) + self.borrow.get(flavor, 0)
+
+
+def _gpus(column: str) -> dict[str, int]:
+    return {k: int(v) for k, v in json.loads(column).items()}
 
 
 class PlacerStore:
@@ -35,11 +44,10 @@ class PlacerStore:
         if not await self.pool.fetchval("SELECT to_regclass('tenant_profiles') IS NOT NULL"):
             return {}
         rows = await self.pool.fetch(
-            "SELECT tenant, gpu_quota, suspended FROM tenant_profiles WHERE tenant = ANY($1)",
-            list(tenants))
-        return {r["tenant"]: TenantQuota({k: int(v) for k, v in
-                                          json.loads(r["gpu_quota"]).items()},
-                                         bool(r["suspended"])) for r in rows}
+            "SELECT tenant, gpu_quota, gpu_borrow, suspended FROM tenant_profiles "
+            "WHERE tenant = ANY($1)", list(tenants))
+        return {r["tenant"]: TenantQuota(_gpus(r["gpu_quota"]), bool(r["suspended"]),
+                                         _gpus(r["gpu_borrow"])) for r in rows}
 
     async def cancelled(self, job_id: str) -> bool:
         """Admission cancelled the job (a JobAdmitted may still be queued for it)."""

@@ -49,7 +49,7 @@ pytestmark = pytest.mark.e2e
 
 WAIT_S = 180.0  # upper bound for any single wait; never asserted as a duration
 T = TypeVar("T")
-QUEUED, ADMITTED, STARTED, FINISHED, EVICTED, FAILED = 6, 1, 2, 3, 4, 5
+QUEUED, ADMITTED, STARTED, FINISHED, EVICTED, FAILED, CANCELLED = 6, 1, 2, 3, 4, 5, 7
 
 
 @pytest.fixture(scope="session")
@@ -101,11 +101,13 @@ class Events:
 
     def __init__(self) -> None:
         self.items: list[tuple[str, events_pb2.WorkloadEvent]] = []
+        self.subjects: list[str] = []
 
     async def start(self, js: JetStreamContext) -> None:
         async def on_msg(msg: Msg) -> None:
             msg_id = (msg.headers or {}).get(bus.MSG_ID_HEADER, "")
             self.items.append((msg_id, events_pb2.WorkloadEvent.FromString(msg.data)))
+            self.subjects.append(msg.subject)
 
         await js.subscribe("kestrel.workload.>", cb=on_msg, ordered_consumer=True,
                            deliver_policy=DeliverPolicy.ALL)
@@ -113,6 +115,10 @@ class Events:
     def of(self, workload_prefix: str, typ: int | None = None) -> list[events_pb2.WorkloadEvent]:
         return [e for _, e in self.items if e.workload_id.startswith(workload_prefix)
                 and (typ is None or e.type == typ)]
+
+    def events_subjects(self, job_id: str, typ: int) -> list[str]:
+        return [subj for (_, e), subj in zip(self.items, self.subjects, strict=True)
+                if e.workload_id == job_id and e.type == typ]
 
     def one(self, job_id: str, typ: int) -> events_pb2.WorkloadEvent | None:
         found = [e for e in self.of(job_id, typ) if e.workload_id == job_id]
@@ -147,14 +153,15 @@ class Harness:
                                    self.tmp / f"placer-{self.starts}.log").start(timeout_s=90)
         return self.proc
 
-    async def tenant(self, quota: dict[str, int]) -> str:
+    async def tenant(self, quota: dict[str, int], borrow: dict[str, int] | None = None) -> str:
         name = f"pl{uuid.uuid4().hex[:8]}"
         conn = await asyncpg.connect(self.dsn)
         try:
             await conn.execute(
-                "INSERT INTO tenant_profiles (tenant, display_name, gpu_quota, rate_per_s, "
-                "burst, suspended, created_us) VALUES ($1, '', $2, 10, 10, false, $3)",
-                name, json.dumps(quota), now_us())
+                "INSERT INTO tenant_profiles (tenant, display_name, gpu_quota, gpu_borrow, "
+                "rate_per_s, burst, suspended, created_us) "
+                "VALUES ($1, '', $2, $3, 10, 10, false, $4)",
+                name, json.dumps(quota), json.dumps(borrow or {}), now_us())
         finally:
             await conn.close()
         self.tenants.append(name)
@@ -356,13 +363,16 @@ async def test_cancel_deletes_the_job_and_ends_the_allocation_at_that_instant(
     assert before <= resp.cancelled_us <= after
 
     await wait_for("the Job deleted", lambda: not harness.jobs(tenant, job_id))
-    failed = await wait_for("FAILED", lambda: harness.events.one(job_id, FAILED))
-    assert failed.time_us == resp.cancelled_us
-    assert failed.reason == "cancelled" and failed.gpus == 2
+    cancelled = await wait_for("CANCELLED", lambda: harness.events.one(job_id, CANCELLED))
+    assert cancelled.time_us == resp.cancelled_us
+    assert cancelled.reason == "cancelled by the tenant" and cancelled.gpus == 2
+    assert harness.events.events_subjects(job_id, CANCELLED) == [
+        f"kestrel.workload.{tenant}.cancelled"]
     await wait_for("the Workload deleted", lambda: harness.workload(tenant, job_id) is None)
-    # Nothing else closes it: the deletion derives the same event id, dropped.
-    assert harness.events.of(job_id, FINISHED) == []
-    assert len({e.event_id for e in harness.events.of(job_id, FAILED)}) == 1
+    # Nothing else closes it: the deletion of the cancelled allocation publishes no
+    # FAILED (the allocation's one close is the cancel).
+    assert harness.events.of(job_id, FINISHED) == [] and harness.events.of(job_id, FAILED) == []
+    assert len({e.event_id for e in harness.events.of(job_id, CANCELLED)}) == 1
 
 
 async def test_ensure_tenant_creates_then_patches_queues_with_the_runway_check(
@@ -438,13 +448,57 @@ async def test_deactivated_workload_is_evicted_then_a_readmission_is_a_new_alloc
     async with grpc.aio.insecure_channel(harness.address) as channel:
         resp = await placer_pb2_grpc.PlacerStub(channel).CancelWorkload(
             placer_pb2.CancelWorkloadRequest(tenant=tenant, workload_id=job_id), timeout=30)
-    closed = await wait_for("FAILED of .r2", lambda: [
-        e for e in harness.events.of(job_id, FAILED) if e.workload_id == f"{job_id}.r2"])
+    closed = await wait_for("CANCELLED of .r2", lambda: [
+        e for e in harness.events.of(job_id, CANCELLED) if e.workload_id == f"{job_id}.r2"])
     assert closed[0].time_us == resp.cancelled_us
     # The first allocation was closed once, by its eviction.
     assert [e.event_id for e in harness.events.of(job_id) if e.workload_id == job_id
-            and e.type in (FINISHED, FAILED, EVICTED)] == [f"{job_id}:evicted"]
+            and e.type in (FINISHED, FAILED, EVICTED, CANCELLED)] == [f"{job_id}:evicted"]
     assert harness.proc is not None and harness.proc.stop() == 0  # SIGTERM drains and exits
+
+
+async def _most_running_at_once(harness: Harness, tenant: str, job_ids: list[str]) -> int:
+    """Poll the tenant's Workloads until every job finished; the most admitted at once."""
+    _, _, custom = _apis(harness.api)
+    most = 0
+    while True:
+        items = (await asyncio.to_thread(
+            custom.list_namespaced_custom_object, kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+            f"kestrel-{tenant}", "workloads"))["items"]
+        running = [w for w in items if kc.condition_true(w, "Admitted")
+                   and not kc.condition_true(w, "Finished")]
+        most = max(most, len(running))
+        if all(harness.events.one(j, FINISHED) for j in job_ids):
+            return most
+        await asyncio.sleep(0.2)
+
+
+async def test_a_tenant_quota_is_a_cap_unless_the_operator_lets_it_borrow(
+        harness: Harness) -> None:
+    """Every tenant's ClusterQueue is in one cohort; idle quota of another tenant is
+    there to borrow. A tenant with gpu-h100=2 still runs at most 2 one-GPU jobs at once;
+    one allowed to borrow 2 more runs up to 4."""
+    idle = await harness.tenant({"gpu-h100": 8})
+    capped = await harness.tenant({"gpu-h100": 2})
+    lender_borrower = await harness.tenant({"gpu-h100": 2}, borrow={"gpu-h100": 2})
+    harness.start()
+    async with grpc.aio.insecure_channel(harness.address) as channel:
+        await placer_pb2_grpc.PlacerStub(channel).EnsureTenant(
+            placer_pb2.EnsureTenantRequest(tenant=idle), timeout=30)
+    capped_jobs = [await harness.admit(capped, gpus=1, max_s=60, sim_s=4) for _ in range(6)]
+    most = await _most_running_at_once(harness, capped, capped_jobs)
+    assert most == 2
+    quota = {r["name"]: r for r in _cq(harness.api, capped)["spec"]["resourceGroups"][0][
+        "flavors"][0]["resources"]}
+    assert quota["nvidia.com/gpu"]["borrowingLimit"] in (0, "0")
+
+    borrowing_jobs = [await harness.admit(lender_borrower, gpus=1, max_s=60, sim_s=4)
+                      for _ in range(6)]
+    most = await _most_running_at_once(harness, lender_borrower, borrowing_jobs)
+    assert most == 4
+    quota = {r["name"]: r for r in _cq(harness.api, lender_borrower)["spec"][
+        "resourceGroups"][0]["flavors"][0]["resources"]}
+    assert quota["nvidia.com/gpu"]["borrowingLimit"] in (2, "2")
 
 
 async def test_whole_loop_ledger_equals_gpus_times_kubernetes_time(

@@ -180,6 +180,8 @@ async def test_a_budget_cut_to_zero_evicts_running_work_metered_to_the_eviction_
         await op.adjust_credits(tenant, -runway.credits, note="e2e: budget withdrawn")
     evicted = await until("evicted", in_state(client, job.job_id, JobState.EVICTED))
     assert evicted.state is JobState.EVICTED
+    # The job says why in words about the budget, not Kueue's "Deactivated".
+    assert evicted.reason == f"evicted: tenant {tenant}'s budget is spent"
     w = await asyncio.to_thread(workload, tenant, job.job_id)
     assert w is not None and (w.get("spec") or {}).get("active") is False
     gone = kc.condition(w, "Evicted")
@@ -198,13 +200,36 @@ async def test_a_cancelled_job_is_metered_to_the_cancel_instant(loop: Loop) -> N
     await client.cancel_job(job.job_id, reason="e2e")
     got = await until("the allocation closed", lambda: allocation(loop.dsn, job.job_id))
     conn = await asyncpg.connect(loop.dsn)
-    failed = await conn.fetchval(
-        "SELECT time_us FROM workload_events WHERE workload_id = $1 AND type = 5", job.job_id)
+    cancelled = await conn.fetchval(
+        "SELECT time_us FROM workload_events WHERE workload_id = $1 AND type = 7", job.job_id)
     started = await conn.fetchval(
         "SELECT time_us FROM workload_events WHERE workload_id = $1 AND type = 1", job.job_id)
+    # A cancel is its own event on the bus, never a failure.
+    failures = await conn.fetchval(
+        "SELECT count(*) FROM workload_events WHERE workload_id = $1 AND type = 5", job.job_id)
     await conn.close()
-    assert got[2] == failed and got[1] == failed - started
+    assert cancelled is not None and failures == 0
+    assert got[2] == cancelled and got[1] == cancelled - started
     assert (await client.get_job(job.job_id)).state is JobState.CANCELLED
+    await client.close()
+
+
+async def test_a_job_without_a_simulated_duration_succeeds_inside_its_bound(
+        loop: Loop) -> None:
+    """The README's `kestrel submit --max-duration ...` with no simulated duration: the
+    job ends SUCCEEDED just inside activeDeadlineSeconds, not FAILED by its deadline,
+    and its ledger equals gpus x Kueue's own times."""
+    client = await loop.tenant("10")
+    tenant = loop.tenants[-1]
+    job = await client.submit_job(name="whole-bound", gpus=1, max_duration_s=4,
+                                  flavor="gpu-h100")
+    done = await until("ended", in_state(client, job.job_id, JobState.SUCCEEDED,
+                                         JobState.FAILED))
+    assert done.state is JobState.SUCCEEDED, done.reason
+    got = await until("closed", lambda: allocation(loop.dsn, job.job_id))
+    want = await asyncio.to_thread(kc.gpu_seconds_by_job, [f"kestrel-{tenant}"])
+    assert got[1] == int(want[job.job_id] * 1_000_000)
+    assert got[1] <= 4 * 1_000_000
     await client.close()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, cast
 
@@ -131,7 +131,8 @@ def job_obj(gpus: int = 2, failed_at: int | None = None) -> dict[str, Any]:
 
 
 def workload(*conds: dict[str, Any], flavor: str = "gpu-a10", gpus: int = 2,
-             evictions: int = 0, deleted_at: int | None = None) -> dict[str, Any]:
+             evictions: int = 0, deleted_at: int | None = None,
+             evicted_for: str = "") -> dict[str, Any]:
     status: dict[str, Any] = {"conditions": list(conds)}
     if any(c["type"] == "QuotaReserved" and c["status"] == "True" for c in conds):
         status["admission"] = {"clusterQueue": NS, "podSetAssignments": [{
@@ -147,6 +148,8 @@ def workload(*conds: dict[str, Any], flavor: str = "gpu-a10", gpus: int = 2,
                              "uid": "u", "controller": True}]}
     if deleted_at is not None:
         meta["deletionTimestamp"] = ts(deleted_at)
+    if evicted_for:
+        meta["annotations"] = {"kestrel.dev/eviction-reason": evicted_for}
     template = job_obj(gpus)["spec"]["template"]
     return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": meta,
             "spec": {"active": True, "podSets": [{"name": "main", "count": 1,
@@ -210,6 +213,13 @@ EVENT_CASES = [
                                                       "The workload is deactivated"),
                                        evictions=1)),
                [(E.ADMITTED, JOB, 35, ""), (E.EVICTED, JOB, 41, "Deactivated")]),
+    EventsCase("deactivated by admission for budget: EVICTED says the tenant's budget is spent",
+               Observed(None, workload(*RESERVED, cond("Evicted", "True", 41, "Deactivated",
+                                                      "The workload is deactivated"),
+                                       evictions=1, evicted_for="evicted: tenant acme's "
+                                                                "budget is spent")),
+               [(E.ADMITTED, JOB, 35, ""),
+                (E.EVICTED, JOB, 41, "evicted: tenant acme's budget is spent")]),
     EventsCase("evicted and quota released: EVICTED of the first allocation only",
                Observed(None, workload(cond("QuotaReserved", "False", 41, "Pending"),
                                        cond("Admitted", "False", 41, "NoReservation"),
@@ -311,9 +321,9 @@ def test_job_manifest_is_suspended_bounded_and_pinned_to_its_flavor() -> None:
     assert body["metadata"]["labels"]["kestrel.dev/job-id"] == JOB
     assert spec["suspend"] is True and spec["backoffLimit"] == 0
     assert spec["activeDeadlineSeconds"] == 600
-    # Without a simulated duration the KWOK pod runs for the whole reservation.
+    # Without a simulated duration the KWOK pod ends just inside the Job's deadline.
     assert spec["template"]["metadata"]["annotations"][
-        "pod-complete.stage.kwok.x-k8s.io/delay"] == "600s"
+        "pod-complete.stage.kwok.x-k8s.io/delay"] == "540000ms"
     assert pod_spec["nodeSelector"] == {"kestrel.dev/flavor": "gpu-a10"}
     assert {t["key"] for t in pod_spec["tolerations"]} == {"kwok.x-k8s.io/node",
                                                            "nvidia.com/gpu"}
@@ -322,6 +332,20 @@ def test_job_manifest_is_suspended_bounded_and_pinned_to_its_flavor() -> None:
     assert body["metadata"]["annotations"] == {"kestrel.dev/flavor": "gpu-a10",
                                                "kestrel.dev/flavor-reason": "why",
                                                "kestrel.dev/name": "train"}
+
+
+@pytest.mark.parametrize(("max_s", "sim_s", "want"), [
+    (600, 0, "540000ms"),   # 10% short
+    (3600, 0, "3540000ms"),  # at most a minute short
+    (10, 0, "9000ms"),
+    (3, 0, "2500ms"),       # at least half a second short
+    (1, 0, "500ms"),        # never under half the bound
+    (60, 5, "5s"),          # declared: as declared
+    (10, 30, "30s"),        # declared past the bound: the deadline fails it, as it would
+])
+def test_a_job_without_a_simulated_duration_ends_inside_its_deadline(
+        max_s: int, sim_s: int, want: str) -> None:
+    assert manifests.simulated_run(max_s, sim_s) == want
 
 
 def test_cluster_queue_lists_every_flavor_and_the_check_only_when_named() -> None:
@@ -334,6 +358,13 @@ def test_cluster_queue_lists_every_flavor_and_the_check_only_when_named() -> Non
     gpus = [next(r["nominalQuota"] for r in f["resources"] if r["name"] == "nvidia.com/gpu")
             for f in flavors]
     assert gpus == ["3", "0"]
+    # The quota is a cap: nothing borrowed from the cohort, on any resource.
+    assert {r["borrowingLimit"] for f in flavors for r in f["resources"]} == {"0", "0Gi"}
+    may_borrow = manifests.cluster_queue(TENANT, {"gpu-h100": 3}, ("gpu-h100", "gpu-a10"), "",
+                                         borrow={"gpu-a10": 2})
+    a10 = {r["name"]: r["borrowingLimit"]
+           for r in may_borrow["spec"]["resourceGroups"][0]["flavors"][1]["resources"]}
+    assert a10 == {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}
     assert spec["admissionChecksStrategy"] == {"admissionChecks": [{"name": "kestrel-runway"}]}
     assert spec["stopPolicy"] == "None"
     no_check = manifests.cluster_queue(TENANT, {}, ("gpu-h100",), "", suspended=True)
@@ -382,6 +413,27 @@ async def test_a_relist_without_a_workload_that_held_quota_closes_it() -> None:
     await placer.observe_now("workload", "RELIST", [])
     assert rec.ids == [f"{JOB}:admitted", f"{JOB}:failed"]
     assert placer.views == {}
+
+
+def test_a_cancelled_allocation_is_closed_so_nothing_else_closes_it() -> None:
+    events = derive(Observed(None, workload(*RESERVED)))
+    opened = open_allocation(events)
+    assert opened is not None
+    cancelled = replace(opened, type=EventType.CANCELLED, time_us=us(40))
+    assert cancelled.event_id == f"{JOB}:cancelled"
+    assert open_allocation([*events, cancelled]) is None
+
+
+async def test_after_a_cancel_the_deletion_publishes_no_second_close() -> None:
+    rec = Recorder()
+    placer = observer(rec)
+    running = workload(*RESERVED)
+    for kind, items in (("workload", [running]), ("job", []), ("pod", [])):
+        await placer.observe_now(kind, "RELIST", items)
+    view = placer.views[(NS, JOB)]
+    view.closed.add(JOB)  # what cancel() records once it published CANCELLED
+    await placer.observe_now("workload", "DELETED", workload(*RESERVED, deleted_at=50))
+    assert rec.ids == [f"{JOB}:admitted"]  # no ":failed" for the same allocation
 
 
 class FlakyWatchKube:
