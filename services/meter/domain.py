@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 
+from kestrel.budget import Budget, budget
 from kestrel.money import ZERO, row_cost
 from kestrel.workloads import EventType
 
@@ -205,28 +206,34 @@ class RunwayFigures:
     ledger_seq: int
 
     @property
+    def budget(self) -> Budget:
+        """Every derived figure, from the one budget computation (kestrel.budget)."""
+        return budget(self.credits, self.charged, self.reserved, self.burn_per_s)
+
+    @property
     def remaining(self) -> Decimal:
-        return self.credits - self.charged - self.reserved
+        return self.budget.remaining
 
     @property
     def unlimited(self) -> bool:
-        return self.burn_per_s == 0
+        return self.budget.unlimited
 
     @property
     def runway_s(self) -> float:
-        if self.unlimited:
-            return float("inf")
-        if self.remaining <= 0:
-            return 0.0
-        return float(self.remaining / self.burn_per_s)
+        return self.budget.runway_s
+
+    @property
+    def money_runway_s(self) -> float:
+        return self.budget.money_runway_s
+
+    @property
+    def free_to_reserve(self) -> Decimal:
+        return self.budget.free_to_reserve
 
     @property
     def remaining_bp(self) -> int:
         """remaining / credits in basis points, clamped to [0, 10000]."""
-        if self.credits <= 0:
-            return 0
-        bp = int((self.remaining * 10_000) // self.credits)
-        return max(0, min(10_000, bp))
+        return self.budget.remaining_bp
 
 
 def burn_per_s(open_allocations: Iterable[Allocation]) -> tuple[Decimal, int]:
