@@ -139,7 +139,8 @@ async def run(n: int, tenants: int, batch: int, keep: bool) -> int:
             **stack.env(), "KESTREL_METER_PORT": str(port),
             "KESTREL_METER_METRICS_PORT": str(metrics_port), "KESTREL_METER_BATCH": str(batch),
             "KESTREL_LOG_LEVEL": "WARNING"}, f"127.0.0.1:{port}", root / "meter.log")
-        db = await asyncpg.connect(stack.postgres_dsn)
+        # The owner: it reads the raw pipeline's own table below, which it creates.
+        db = await asyncpg.connect(stack.postgres_owner_dsn)
         console.print("meter: consuming")
         # Started in a thread: the health polling must not block this loop, which
         # timestamps runway messages as they arrive.
@@ -170,7 +171,7 @@ async def run(n: int, tenants: int, batch: int, keep: bool) -> int:
         r_launch = time.perf_counter()
         raw = await asyncio.create_subprocess_exec(
             sys.executable, str(REPO / "bench" / "raw_pipeline.py"), stack.nats_url,
-            stack.postgres_dsn, str(n), str(batch), cwd=REPO, env={"PYTHONPATH": str(REPO)})
+            stack.postgres_owner_dsn, str(n), str(batch), cwd=REPO, env={"PYTHONPATH": str(REPO)})
         while not await table_exists(db, "raw_events"):  # noqa: ASYNC110 - another process
             await asyncio.sleep(0.01)
         r_first, r_n_first, r_last = await watch_count(db, "raw_events", n, 300)

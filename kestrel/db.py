@@ -1,4 +1,8 @@
-"""Postgres access shared by services: pools with retry, versioned migrations."""
+"""Postgres access shared by services: pools with retry, versioned migrations.
+
+Migrations run as the tables' owner (KESTREL_POSTGRES_OWNER_DSN); services connect
+as their own roles (kestrel.pgroles).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ from pathlib import Path
 import asyncpg
 
 from kestrel.bus import retry_forever
+from kestrel.config import Endpoints
 
 log = logging.getLogger("kestrel.db")
+
 
 _MIGRATION = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 
@@ -41,6 +47,13 @@ async def migrate(conn: asyncpg.Connection, component: str, directory: Path) -> 
     """
     files = sorted(p for p in directory.iterdir() if _MIGRATION.match(p.name))  # noqa: ASYNC240
     applied: list[str] = []
+    if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+        # Nothing to do: answered with a SELECT alone, so a service's own role (which
+        # may not create anything) can make sure its schema is current.
+        done = {r["version"] for r in await conn.fetch(
+            "SELECT version FROM schema_migrations WHERE component = $1", component)}
+        if all(p.name[:4] in done for p in files):
+            return applied
     await conn.execute("""
         CREATE TABLE IF NOT EXISTS schema_migrations (
           component text NOT NULL, version text NOT NULL, applied_us bigint NOT NULL,
@@ -64,3 +77,26 @@ async def migrate(conn: asyncpg.Connection, component: str, directory: Path) -> 
     finally:
         await conn.execute("SELECT pg_advisory_unlock(hashtext('kestrel-migrations'))")
     return applied
+
+
+async def migrate_component(endpoints: Endpoints, component: str, directory: Path) -> list[str]:
+    """Migrate `component` over the owner's connection (KESTREL_POSTGRES_OWNER_DSN).
+
+    Without one, over the service's own DSN as before, with a warning: that only
+    works while the service connects as the tables' owner or a superuser, which is
+    exactly what the separate owner exists to avoid."""
+    dsn = endpoints.postgres_owner_dsn
+    if not dsn:
+        log.warning("KESTREL_POSTGRES_OWNER_DSN is not set: migrating %s over the service's "
+                    "own connection; set it so the service can run as a role that owns "
+                    "nothing (README: the ledger and the runway)", component)
+        dsn = endpoints.postgres_dsn
+
+    async def connect() -> asyncpg.Connection:
+        return await asyncpg.connect(dsn, command_timeout=120)
+
+    conn: asyncpg.Connection = await retry_forever("postgres connect (owner)", connect)
+    try:
+        return await migrate(conn, component, directory)
+    finally:
+        await conn.close()

@@ -1,11 +1,21 @@
 """Local infrastructure as real processes on 127.0.0.1: Postgres, NATS JetStream, Redis.
 
-    python -m kestrel.devstack up|down|status|env [--dir DIR]
+    python -m kestrel.devstack up|down|status|env|destroy [--dir DIR]
+    python -m kestrel.devstack dsn|psql [--role ROLE] [--dir DIR] [-- PSQL ARGS]
 
 The same `Stack` class backs the pytest fixtures. Each stack has its own data
 directory and free ports (kept in DIR/stack.json so `status`, `down` and
 `env` find them again); readiness is awaited by probing each server, never by
 sleeping a fixed time. Nothing binds beyond loopback.
+
+Postgres roles (kestrel.db): `up` creates kestrel_owner (owns the `kestrel`
+database and its tables, runs migrations), one role per service and
+kestrel_reader, none of them superusers, each with a password kept in
+DIR/stack.json (mode 0600). TCP connections need a password (scram-sha-256),
+the superuser's included; only the Unix socket in Postgres' own data directory
+is trusted. `psql --role reader` opens psql as kestrel_reader; `dsn --role R`
+prints a role's DSN (roles: reader, owner, meter, admission, gateway, placer,
+superuser).
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import importlib.util
 import json
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
@@ -30,8 +41,29 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kestrel.pgroles import (
+    LOGIN_ROLES,
+    OWNER_ROLE,
+    READER_ROLE,
+    SERVICE_ROLES,
+    adopt_database_sql,
+    provision_roles_sql,
+)
+
 HOST = "127.0.0.1"
 PG_USER = "kestrel-pg"  # Postgres refuses to run as root; it gets its own system user.
+SUPERUSER = "postgres"
+DATABASE = "kestrel"
+# Short names for `dsn`/`psql --role`.
+ROLE_NAMES = {"reader": READER_ROLE, "owner": OWNER_ROLE, "superuser": SUPERUSER,
+              **SERVICE_ROLES}
+# Only Postgres' own Unix socket (in its 0700 data directory) is trusted; TCP needs a
+# password, so a service that knows the host and port is not thereby a superuser.
+PG_HBA = """# Written by kestrel.devstack on every start.
+local all all trust
+host all all 127.0.0.1/32 scram-sha-256
+host all all ::1/128 scram-sha-256
+"""
 DEFAULT_DIR = Path(os.environ.get("KESTREL_DEVSTACK_DIR",
                                   Path(__file__).resolve().parent.parent / ".run" / "devstack"))
 
@@ -185,16 +217,39 @@ class Stack:
     redis_port: int = 0
     pids: dict[str, int] = field(default_factory=dict)
     durable: bool = True
+    passwords: dict[str, str] = field(default_factory=dict)  # Postgres role -> password
 
     # --- urls ----------------------------------------------------------------
 
+    def dsn(self, role: str, database: str = DATABASE) -> str:
+        """DSN of a Postgres role (full name, e.g. kestrel_meter) on `database`."""
+        password = self.passwords.get(role, "")
+        auth = f"{role}:{password}" if password else role
+        return f"postgresql://{auth}@{HOST}:{self.pg_port}/{database}"
+
     @property
     def postgres_dsn(self) -> str:
-        return f"postgresql://postgres@{HOST}:{self.pg_port}/kestrel"
+        """kestrel_reader on the kestrel database: what an operator reads with."""
+        return self.dsn(READER_ROLE)
+
+    @property
+    def postgres_owner_dsn(self) -> str:
+        """kestrel_owner: owns the tables; for migrations (and whatever builds its own)."""
+        return self.dsn(OWNER_ROLE)
 
     @property
     def postgres_admin_dsn(self) -> str:
-        return f"postgresql://postgres@{HOST}:{self.pg_port}/postgres"
+        """The superuser on the `postgres` database: for creating databases."""
+        return self.dsn(SUPERUSER, "postgres")
+
+    def service_dsns(self, database: str = DATABASE) -> dict[str, str]:
+        """KESTREL_<SERVICE>_POSTGRES_DSN for each service, plus the owner's and the
+        reader's; KESTREL_POSTGRES_DSN, for anything without a role of its own, reads."""
+        out = {f"KESTREL_{svc.upper()}_POSTGRES_DSN": self.dsn(role, database)
+               for svc, role in SERVICE_ROLES.items()}
+        return {**out, "KESTREL_POSTGRES_OWNER_DSN": self.dsn(OWNER_ROLE, database),
+                "KESTREL_POSTGRES_READER_DSN": self.dsn(READER_ROLE, database),
+                "KESTREL_POSTGRES_DSN": self.dsn(READER_ROLE, database)}
 
     @property
     def nats_url(self) -> str:
@@ -205,7 +260,7 @@ class Stack:
         return f"redis://{HOST}:{self.redis_port}/0"
 
     def env(self) -> dict[str, str]:
-        return {"KESTREL_POSTGRES_DSN": self.postgres_dsn, "KESTREL_NATS_URL": self.nats_url,
+        return {**self.service_dsns(), "KESTREL_NATS_URL": self.nats_url,
                 "KESTREL_REDIS_URL": self.redis_url}
 
     # --- state file ----------------------------------------------------------
@@ -217,7 +272,10 @@ class Stack:
     def save(self) -> None:
         data = asdict(self)
         data["root"] = str(self.root)
-        self.state_file.write_text(json.dumps(data, indent=2))
+        fd = os.open(self.state_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:  # it holds the Postgres passwords
+            f.write(json.dumps(data, indent=2))
+        os.chmod(self.state_file, 0o600)
 
     @classmethod
     def load(cls, root: Path) -> Stack | None:
@@ -243,6 +301,7 @@ class Stack:
                 continue
             getattr(self, f"_start_{name}")(timeout_s)
             self.save()
+        self.provision()
 
     def down(self, timeout_s: float = 20.0) -> None:
         """Stop every process cleanly (SIGTERM/SIGINT, then SIGKILL after timeout)."""
@@ -321,12 +380,36 @@ class Stack:
             return r.returncode == 0
 
         _wait("postgres", ready, timeout_s, proc, log)
-        psql = [str(_pg_bin("psql")), "-h", HOST, "-p", str(self.pg_port), "-U", "postgres",
-                "-d", "postgres", "-tAc"]
-        exists = subprocess.run([*psql, "SELECT 1 FROM pg_database WHERE datname='kestrel'"],
-                                capture_output=True, text=True, check=True).stdout.strip()
+
+    def _psql_socket(self, database: str, sql: str) -> str:
+        """Run `sql` as the superuser over Postgres' Unix socket (trusted)."""
+        result = subprocess.run(
+            [str(_pg_bin("psql")), "-h", str(self.pg_data), "-p", str(self.pg_port), "-U",
+             SUPERUSER, "-d", database, "-v", "ON_ERROR_STOP=1", "-qtA", "-f", "-"],
+            input=sql, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise StackError(f"psql on {database} failed:\n{result.stderr}")
+        return result.stdout.strip()
+
+    def provision(self) -> None:
+        """Roles, passwords, the kestrel database owned by kestrel_owner, and password
+        authentication on TCP. Idempotent: also brings a stack made before the roles
+        existed (everything owned by the superuser, trust on TCP) to this state."""
+        for role in (SUPERUSER, *LOGIN_ROLES):
+            self.passwords.setdefault(role, secrets.token_hex(16))
+        self.save()
+        self._psql_socket("postgres", provision_roles_sql(self.passwords)
+                          + f"ALTER ROLE {SUPERUSER} PASSWORD '{self.passwords[SUPERUSER]}';\n")
+        exists = self._psql_socket(
+            "postgres", f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'")
         if exists != "1":
-            subprocess.run([*psql, "CREATE DATABASE kestrel"], capture_output=True, check=True)
+            self._psql_socket("postgres", f"CREATE DATABASE {DATABASE} OWNER {OWNER_ROLE}")
+        self._psql_socket(DATABASE, adopt_database_sql(DATABASE))
+        hba = self.pg_data / "pg_hba.conf"
+        if hba.read_text() != PG_HBA:
+            with open(hba, "w") as f:  # rewritten in place: its owner and mode stay
+                f.write(PG_HBA)
+            self._psql_socket("postgres", "SELECT pg_reload_conf()")
 
     def _start_nats(self, timeout_s: float) -> None:
         store = self.root / "nats"
@@ -373,10 +456,23 @@ def open_stack(root: Path = DEFAULT_DIR) -> Stack:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kestrel.devstack", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["up", "down", "status", "env", "destroy"])
+    ap.add_argument("command", choices=["up", "down", "status", "env", "destroy", "dsn", "psql"])
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR)
-    args = ap.parse_args(argv)
+    ap.add_argument("--role", choices=sorted(ROLE_NAMES), default="reader",
+                    help="for dsn and psql (default: reader)")
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []  # psql's own arguments
+    args = ap.parse_args(argv[:len(argv) - len(extra) - (1 if "--" in argv else 0)])
     stack = open_stack(args.dir)
+    if args.command in ("dsn", "psql"):
+        if not stack.pg_port:
+            print(f"devstack: no stack in {args.dir} (run `up` first)", file=sys.stderr)
+            return 1
+        dsn = stack.dsn(ROLE_NAMES[args.role])
+        if args.command == "dsn":
+            print(dsn)
+            return 0
+        os.execv(str(_pg_bin("psql")), [str(_pg_bin("psql")), dsn, *extra])
     try:
         if args.command == "up":
             t0 = time.monotonic()

@@ -9,14 +9,15 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
 
 from kestrel import bus
-from kestrel.devstack import Stack, free_port, port_map
+from kestrel.devstack import SUPERUSER, Stack, free_port, port_map
+from kestrel.pgroles import OWNER_ROLE
 from kestrel.procs import ServiceProcess
 
 
@@ -33,15 +34,27 @@ def stack() -> Iterator[Stack]:
 
 @pytest.fixture
 async def database(stack: Stack) -> AsyncIterator[str]:
-    """DSN of a new, empty database (dropped afterwards)."""
+    """The superuser's DSN of a new, empty database owned by kestrel_owner, as the
+    devstack's own is (dropped afterwards). Tests inspect and seed with it; services
+    get their own roles' DSNs of it (`service_env`, `role_dsn`)."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     admin = await asyncpg.connect(stack.postgres_admin_dsn)
     try:
-        await admin.execute(f"CREATE DATABASE {name}")
-        yield stack.postgres_dsn.rsplit("/", 1)[0] + f"/{name}"
+        await admin.execute(f"CREATE DATABASE {name} OWNER {OWNER_ROLE}")
+        yield stack.dsn(SUPERUSER, name)
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     finally:
         await admin.close()
+
+
+def _db_name(dsn: str) -> str:
+    return dsn.rsplit("/", 1)[1]
+
+
+@pytest.fixture
+def role_dsn(stack: Stack, database: str) -> Callable[[str], str]:
+    """DSN of the test's database for a Postgres role (e.g. "kestrel_meter")."""
+    return lambda role: stack.dsn(role, _db_name(database))
 
 
 @pytest.fixture
@@ -63,7 +76,8 @@ async def clean_bus(stack: Stack) -> AsyncIterator[str]:
 
 @pytest.fixture
 def service_env(stack: Stack, database: str, clean_bus: str) -> dict[str, str]:
-    return {"KESTREL_POSTGRES_DSN": database, "KESTREL_NATS_URL": clean_bus,
+    """As an operator's: each service connects as its own role, migrations as the owner."""
+    return {**stack.service_dsns(_db_name(database)), "KESTREL_NATS_URL": clean_bus,
             "KESTREL_REDIS_URL": stack.redis_url}
 
 

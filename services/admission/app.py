@@ -13,7 +13,7 @@ from kestrel import bus
 from kestrel.clock import now_us
 from kestrel.cluster import PATHS as CLUSTER_PATHS
 from kestrel.config import Endpoints, env_int, env_str
-from kestrel.db import create_pool
+from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.jobs import JobRow
 from kestrel.service import drain, every, serve_metrics
@@ -23,7 +23,7 @@ from services.admission.core import Admission
 from services.admission.domain import JobState
 from services.admission.kueue import RunwayCheckController
 from services.admission.servicer import AdmissionServicer
-from services.admission.store import AdmissionStore
+from services.admission.store import MIGRATIONS, AdmissionStore
 from services.admission.wire import job_admitted, state_changed
 
 log = logging.getLogger("kestrel.admission")
@@ -41,7 +41,7 @@ class AdmissionConfig:
 
     @classmethod
     def from_env(cls) -> AdmissionConfig:
-        return cls(Endpoints.from_env(), env_str("KESTREL_BIND_HOST", "127.0.0.1"),
+        return cls(Endpoints.from_env("admission"), env_str("KESTREL_BIND_HOST", "127.0.0.1"),
                    env_int("KESTREL_ADMISSION_PORT", 50052),
                    env_int("KESTREL_ADMISSION_METRICS_PORT", 9152),
                    env_int("KESTREL_MAX_NODE_GPUS", 8),
@@ -58,7 +58,7 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
     while not await store.schema_ready():
         log.info("waiting for the meter's and the gateway's schema")
         await asyncio.sleep(0.5)
-    await store.migrate()
+    await migrate_component(config.endpoints, "admission", MIGRATIONS)
     registry = CollectorRegistry()
     decisions = Counter("kestrel_admission_decisions", "Admission decisions",
                         ["decision"], registry=registry)

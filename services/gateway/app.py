@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 from kestrel import bus
 from kestrel.config import Endpoints, env_int, env_str
-from kestrel.db import create_pool
+from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.service import drain
 from kestrel.v1 import (
@@ -27,7 +27,7 @@ from kestrel.v1 import (
 from services.gateway.auth import hash_secret
 from services.gateway.ratelimit import RateLimiter
 from services.gateway.servicer import GatewayServicer
-from services.gateway.store import GatewayStore
+from services.gateway.store import MIGRATIONS, GatewayStore
 
 log = logging.getLogger("kestrel.gateway")
 
@@ -46,7 +46,7 @@ class GatewayConfig:
 
     @classmethod
     def from_env(cls) -> GatewayConfig:
-        return cls(Endpoints.from_env(), env_str("KESTREL_BIND_HOST", "127.0.0.1"),
+        return cls(Endpoints.from_env("gateway"), env_str("KESTREL_BIND_HOST", "127.0.0.1"),
                    env_int("KESTREL_GATEWAY_PORT", 50051),
                    env_str("KESTREL_ADMISSION_ADDR", "127.0.0.1:50052"),
                    env_str("KESTREL_METER_ADDR", "127.0.0.1:50053"),
@@ -75,7 +75,7 @@ async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
     nc = await bus.connect(config.endpoints.nats_url, "gateway")
     redis = aioredis.from_url(config.endpoints.redis_url)
     store = GatewayStore(pool)
-    await store.migrate()
+    await migrate_component(config.endpoints, "gateway", MIGRATIONS)
     admission_ch = grpc.aio.insecure_channel(config.admission_addr)
     meter_ch = grpc.aio.insecure_channel(config.meter_addr)
     placer_ch = grpc.aio.insecure_channel(config.placer_addr) if config.placer_addr else None

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from kestrel import bus
 from kestrel.config import Endpoints, env_float, env_int, env_str
-from kestrel.db import create_pool
+from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.money import parse_amount
 from kestrel.service import drain, every, serve_metrics
@@ -25,7 +25,7 @@ from services.meter.core import Meter, MeterSettings
 from services.meter.domain import Reason, RunwayFigures
 from services.meter.metrics import MeterMetrics
 from services.meter.servicer import MeterServicer
-from services.meter.store import MeterStore
+from services.meter.store import MIGRATIONS, MeterStore
 from services.meter.wire import runway_changed
 
 log = logging.getLogger("kestrel.meter")
@@ -53,7 +53,7 @@ class MeterConfig:
                 flavor, _, value = item.partition("=")
                 prices[flavor.strip()] = parse_amount(value, positive=False)
         return cls(
-            endpoints=Endpoints.from_env(),
+            endpoints=Endpoints.from_env("meter"),
             host=env_str("KESTREL_BIND_HOST", "127.0.0.1"),
             grpc_port=env_int("KESTREL_METER_PORT", 50053),
             metrics_port=env_int("KESTREL_METER_METRICS_PORT", 9153),
@@ -109,6 +109,7 @@ async def run(config: MeterConfig, stop: asyncio.Event) -> None:
     nc = await bus.connect(config.endpoints.nats_url, "meter")
     js = nc.jetstream()
     await bus.retry_forever("ensure streams", lambda: bus.ensure_streams(js))
+    await migrate_component(config.endpoints, "meter", MIGRATIONS)
     store = MeterStore(pool)
     registry = CollectorRegistry()
 

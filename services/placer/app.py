@@ -46,7 +46,7 @@ class PlacerConfig:
                                                    ",".join(kc.GPU_FLAVORS)).split(",")
                         if f.strip())
         return cls(
-            endpoints=Endpoints.from_env(),
+            endpoints=Endpoints.from_env("placer"),
             host=env_str("KESTREL_BIND_HOST", "127.0.0.1"),
             grpc_port=env_int("KESTREL_PLACER_PORT", 50054),
             metrics_port=env_int("KESTREL_PLACER_METRICS_PORT", 9154),

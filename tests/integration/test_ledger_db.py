@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 
 import asyncpg
@@ -11,20 +11,26 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kestrel.db import create_pool
+from kestrel.db import create_pool, migrate
+from kestrel.pgroles import OWNER_ROLE
 from services.meter.core import Meter, MeterSettings
 from services.meter.domain import Event, EventType, Reason, RunwayFigures
-from services.meter.store import MeterStore
+from services.meter.store import MIGRATIONS, MeterStore
 
 pytestmark = pytest.mark.integration
 T0 = 1_700_000_000_000_000
 
 
 @pytest.fixture
-async def pool(database: str) -> AsyncIterator[asyncpg.Pool]:
+async def pool(database: str, role_dsn: Callable[[str], str]) -> AsyncIterator[asyncpg.Pool]:
+    """The superuser's pool over the meter's schema, migrated by its owner as in a
+    deployment."""
+    owner = await asyncpg.connect(role_dsn(OWNER_ROLE))
+    try:
+        await migrate(owner, "meter", MIGRATIONS)
+    finally:
+        await owner.close()
     p = await create_pool(database, max_size=4)
-    store = MeterStore(p)
-    await store.migrate()
     yield p
     await p.close()
 

@@ -47,7 +47,7 @@ def test_a_service_still_waiting_for_its_database_stops_on_sigterm(
     nowhere = free_port()  # nothing listens: Postgres never answers
     log = tmp_path / "meter.log"
     env = {**os.environ, **service_env, "PYTHONUNBUFFERED": "1",
-           "KESTREL_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{nowhere}/none",
+           "KESTREL_METER_POSTGRES_DSN": f"postgresql://postgres@127.0.0.1:{nowhere}/none",
            "KESTREL_METER_PORT": str(free_port()), "KESTREL_METER_METRICS_PORT": "0"}
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "services.meter"], cwd=REPO, env=env,

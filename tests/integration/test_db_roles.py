@@ -1,0 +1,244 @@
+"""Who may do what in Postgres: the services' roles cannot rewrite the ledger.
+
+Each service connects as its own role (kestrel.pgroles): not a superuser, not the
+tables' owner, not a member of the owner. These tests log in as those roles, with
+their passwords, exactly as the services do, and try every way around the
+append-only triggers that a table's owner or a superuser would have.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Callable
+from decimal import Decimal
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from kestrel.db import migrate
+from kestrel.devstack import Stack
+from kestrel.pgroles import (
+    LOGIN_ROLES,
+    OWNER_ROLE,
+    READER_ROLE,
+    SERVICE_ROLES,
+    adopt_database_sql,
+)
+from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
+from services.gateway.store import MIGRATIONS as GATEWAY_MIGRATIONS
+from services.meter.domain import Event, EventType
+from services.meter.store import MIGRATIONS as METER_MIGRATIONS
+from services.meter.store import MeterStore
+
+pytestmark = pytest.mark.integration
+T0 = 1_700_000_000_000_000
+COMPONENTS = [("meter", METER_MIGRATIONS), ("gateway", GATEWAY_MIGRATIONS),
+              ("admission", ADMISSION_MIGRATIONS)]
+
+
+async def migrate_all(conn: asyncpg.Connection) -> None:
+    for component, directory in COMPONENTS:
+        await migrate(conn, component, directory)
+
+
+@pytest.fixture
+async def schema(database: str, role_dsn: Callable[[str], str]) -> AsyncIterator[str]:
+    """Every component migrated by kestrel_owner; one ledger row written by the meter's
+    own role, through the meter's store. Yields the superuser's DSN."""
+    owner = await asyncpg.connect(role_dsn(OWNER_ROLE))
+    try:
+        await migrate_all(owner)
+    finally:
+        await owner.close()
+    pool = await asyncpg.create_pool(role_dsn(SERVICE_ROLES["meter"]), min_size=1, max_size=2)
+    try:
+        store = MeterStore(pool)
+        assert await store.migrate() == []  # a service checks its schema with a SELECT
+        await store.ensure_tenant("acme", T0)
+        await store.top_up("acme", Decimal("10"), "t1", "", T0)
+        await store.set_price("gpu-h100", Decimal("0.001"), T0)
+        await store.apply_batch([
+            Event("a", "acme", "w1", 1, EventType.ADMITTED, T0, "gpu-h100", 1),
+            Event("f", "acme", "w1", 1, EventType.FINISHED, T0 + 1_000_000, "gpu-h100", 1)],
+            {"gpu-h100": Decimal("0.001")}, T0)
+    finally:
+        await pool.close()
+    yield database
+
+
+async def ledger_state(dsn: str) -> tuple[int, Decimal]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow("SELECT count(*) n, coalesce(sum(cost), 0) c FROM ledger")
+        return int(row["n"]), row["c"]
+    finally:
+        await conn.close()
+
+
+async def test_every_kestrel_role_logs_in_and_none_is_a_superuser_or_the_owners_member(
+        stack: Stack, schema: str) -> None:
+    conn = await asyncpg.connect(schema)
+    try:
+        rows = {r["rolname"]: r for r in await conn.fetch("""
+            SELECT rolname, rolsuper, rolcreaterole, rolcreatedb, rolreplication,
+                   rolbypassrls, rolcanlogin,
+                   pg_has_role(rolname, 'kestrel_owner', 'MEMBER') AS in_owner
+            FROM pg_roles WHERE rolname = ANY($1::text[])""", list(LOGIN_ROLES))}
+        owners = {r["relname"]: r["owner"] for r in await conn.fetch("""
+            SELECT c.relname, pg_get_userbyid(c.relowner) AS owner FROM pg_class c
+            JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = 'public' AND c.relkind IN ('r', 'S')""")}
+    finally:
+        await conn.close()
+    assert set(rows) == set(LOGIN_ROLES)
+    for name, r in rows.items():
+        assert r["rolcanlogin"], name
+        assert not any(r[k] for k in ("rolsuper", "rolcreaterole", "rolcreatedb",
+                                      "rolreplication", "rolbypassrls")), name
+        assert r["in_owner"] == (name == OWNER_ROLE), name
+    assert "ledger" in owners and set(owners.values()) == {OWNER_ROLE}
+    for role in (*SERVICE_ROLES.values(), READER_ROLE):  # each logs in with its password
+        c = await asyncpg.connect(stack.dsn(role, schema.rsplit("/", 1)[1]))
+        assert await c.fetchval("SELECT current_user") == role
+        await c.close()
+
+
+async def test_a_role_without_its_password_is_refused_over_tcp(stack: Stack, schema: str) -> None:
+    db = schema.rsplit("/", 1)[1]
+    for role in ("postgres", SERVICE_ROLES["meter"]):
+        with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
+            await asyncpg.connect(f"postgresql://{role}@127.0.0.1:{stack.pg_port}/{db}")
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            await asyncpg.connect(f"postgresql://{role}:wrong@127.0.0.1:{stack.pg_port}/{db}")
+
+
+# Every way around the append-only triggers a role could try. A service's role has
+# none of them: the triggers' bypasses belong to the owner and to superusers.
+ESCAPES = {
+    "replica mode": ("SET session_replication_role = replica", "session_replication_role"),
+    "replica mode, local": ("SET LOCAL session_replication_role = replica",
+                            "session_replication_role"),
+    "disable one trigger": ("ALTER TABLE ledger DISABLE TRIGGER ledger_append_only",
+                            "must be owner"),
+    "disable user triggers": ("ALTER TABLE ledger DISABLE TRIGGER USER", "must be owner"),
+    "disable all triggers": ("ALTER TABLE ledger DISABLE TRIGGER ALL", "must be owner"),
+    "drop the trigger": ("DROP TRIGGER ledger_append_only ON ledger", "must be owner"),
+    "replace the trigger function": (
+        "CREATE OR REPLACE FUNCTION kestrel_reject_change() RETURNS trigger "
+        "LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$", "permission denied|must be owner"),
+    "take the table": ("ALTER TABLE ledger OWNER TO CURRENT_USER", "must be owner"),
+    "become the owner": ("SET ROLE kestrel_owner", "permission denied to set role"),
+    "join the owner": ("GRANT kestrel_owner TO CURRENT_USER", "permission denied"),
+    "grant itself": ("GRANT UPDATE, DELETE ON ledger TO CURRENT_USER", "permission denied"),
+    "update": ("UPDATE ledger SET cost = 0, price = 0", "permission denied"),
+    "delete": ("DELETE FROM ledger", "permission denied"),
+    "truncate": ("TRUNCATE ledger", "permission denied"),
+    "update credits": ("UPDATE credits SET amount = 1000000", "permission denied"),
+    "delete credits": ("DELETE FROM credits", "permission denied"),
+    "shadow table": ("CREATE TABLE ledger2 (i int)", "permission denied for schema public"),
+}
+
+
+@pytest.mark.parametrize("role", sorted(SERVICE_ROLES.values()))
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
+async def test_a_services_role_cannot_rewrite_the_ledger(
+        schema: str, role_dsn: Callable[[str], str], role: str, escape: str) -> None:
+    statement, message = ESCAPES[escape]
+    before = await ledger_state(schema)
+    conn = await asyncpg.connect(role_dsn(role))
+    try:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match=message):
+            async with conn.transaction():
+                await conn.execute(statement)
+                # Had it passed: what it was for.
+                await conn.execute("UPDATE ledger SET cost = 0, price = 0")
+    finally:
+        await conn.close()
+    assert await ledger_state(schema) == before
+
+
+@pytest.mark.parametrize("role", [SERVICE_ROLES["admission"], SERVICE_ROLES["gateway"],
+                                  SERVICE_ROLES["placer"], READER_ROLE])
+async def test_only_the_meters_role_writes_the_ledger_and_credits(
+        schema: str, role_dsn: Callable[[str], str], role: str) -> None:
+    conn = await asyncpg.connect(role_dsn(role))
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM ledger") == 1  # reading is fine
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("""INSERT INTO ledger (tenant, workload_id, flavor, gpus,
+                start_us, end_us, gpu_us, price, cost, cause_id, kind, recorded_us)
+                VALUES ('acme', 'forged', 'gpu-h100', 1, 0, 10, 10, 0, 0, 'x', 'usage', 0)""")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("INSERT INTO credits (tenant, top_up_id, amount, recorded_us) "
+                               "VALUES ('acme', 'forged', 1000, 0)")
+    finally:
+        await conn.close()
+
+
+async def test_the_reader_logs_in_with_its_password_reads_and_never_writes(
+        stack: Stack, schema: str) -> None:
+    conn = await asyncpg.connect(stack.dsn(READER_ROLE, schema.rsplit("/", 1)[1]))
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM ledger") == 1
+        for table in ("credits", "prices", "jobs", "job_transitions", "tenant_profiles",
+                      "reservations"):
+            await conn.fetchval(f"SELECT count(*) FROM {table}")
+        await conn.fetchval("SELECT count(key_id) FROM api_keys")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):  # no secret hashes
+            await conn.fetchval("SELECT count(secret_hash) FROM api_keys")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("INSERT INTO credits (tenant, top_up_id, amount, recorded_us) "
+                               "VALUES ('acme', 'x', 1, 0)")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("SET session_replication_role = replica")
+    finally:
+        await conn.close()
+
+
+async def test_a_superuser_can_still_delete_in_replica_mode_and_leaves_a_gap(
+        schema: str) -> None:
+    """The limit, stated as a test: the triggers do not bind a superuser who turns
+    them off. What it leaves behind for an audit is a gap in ledger.row_id."""
+    conn = await asyncpg.connect(schema)
+    try:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL session_replication_role = replica")
+            await conn.execute("DELETE FROM ledger")
+        assert await conn.fetchval("SELECT count(*) FROM ledger") == 0
+        # The sequence remembers the row: the next one is not 1.
+        assert await conn.fetchval("SELECT last_value FROM ledger_row_id_seq") == 1
+    finally:
+        await conn.close()
+
+
+async def test_provisioning_adopts_a_database_the_superuser_migrated(
+        stack: Stack, database: str, role_dsn: Callable[[str], str], tmp_path: Path) -> None:
+    """A stack made before the roles: tables owned by the superuser. Adopted, the owner
+    runs the remaining migrations (the grants) and the meter's role writes."""
+    old = tmp_path / "meter"
+    old.mkdir()
+    for f in sorted(METER_MIGRATIONS.glob("000[1-4]_*.sql")):
+        shutil.copy(f, old / f.name)
+    su = await asyncpg.connect(database)
+    try:
+        await migrate(su, "meter", old)
+        assert await su.fetchval(
+            "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE relname = 'ledger'") \
+            == "postgres"
+        await su.execute(adopt_database_sql(database.rsplit("/", 1)[1]))
+        await su.execute(adopt_database_sql(database.rsplit("/", 1)[1]))  # idempotent
+    finally:
+        await su.close()
+    owner = await asyncpg.connect(role_dsn(OWNER_ROLE))
+    try:
+        assert await migrate(owner, "meter", METER_MIGRATIONS) == ["0005_roles.sql"]
+    finally:
+        await owner.close()
+    meter = await asyncpg.connect(role_dsn(SERVICE_ROLES["meter"]))
+    try:
+        await meter.execute("INSERT INTO tenants VALUES ('acme', $1)", T0)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await meter.execute("ALTER TABLE ledger DISABLE TRIGGER USER")
+    finally:
+        await meter.close()
