@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
+import nats
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from kestrel import bus
@@ -30,11 +32,47 @@ def render(msg: Msg) -> str:
     return json.dumps(line, separators=(",", ":"), sort_keys=False)
 
 
+async def connect(url: str, err: TextIO = sys.stderr) -> NATS:
+    """Connect like the services do (riding out a NATS restart), but say on stderr only
+    what a person needs: a lost or regained connection while tapping — never the
+    disconnection that closing the tap itself causes (nats-py calls the disconnected
+    callback on every close, after marking the client closed)."""
+    client: list[NATS] = []  # set once connected, before any callback can run
+    last = ""
+
+    def closing() -> bool:
+        return bool(client) and client[0].is_closed
+
+    def say(text: str) -> None:
+        err.write(f"kestrel tap: {text}\n")
+        err.flush()
+
+    async def on_error(exc: Exception) -> None:
+        nonlocal last
+        if not closing() and str(exc) != last:  # a reconnect loop repeats itself
+            last = str(exc)
+            say(last if last.startswith("nats") else f"nats: {last}")
+
+    async def on_disconnect() -> None:
+        if not closing():
+            say("nats disconnected; reconnecting")
+
+    async def on_reconnect() -> None:
+        nonlocal last
+        last = ""
+        say("nats reconnected")
+
+    client.append(await nats.connect(
+        url, name="kestrel-tap", max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+        error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect))
+    return client[0]
+
+
 async def tap(url: str, subject: str, *, count: int = 0, out: TextIO = sys.stdout,
               stop: asyncio.Event | None = None,
-              on_ready: Callable[[], None] = lambda: None) -> int:
+              on_ready: Callable[[], None] = lambda: None, err: TextIO = sys.stderr) -> int:
     """Print messages until `count` were printed (0 = forever) or `stop` is set."""
-    nc = await bus.connect(url, "kestrel-tap")
+    nc = await connect(url, err)
     seen = 0
     done = stop or asyncio.Event()
 
@@ -54,6 +92,9 @@ async def tap(url: str, subject: str, *, count: int = 0, out: TextIO = sys.stdou
     try:
         await done.wait()
     finally:
-        await sub.unsubscribe()
-        await nc.drain()
+        if nc.is_connected:
+            await sub.unsubscribe()
+            await nc.drain()
+        else:  # stopped while NATS is away: nothing to drain
+            await nc.close()
     return seen

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 
 import pytest
@@ -31,8 +32,27 @@ async def test_tap_prints_each_message_as_one_decoded_json_line(clean_bus: str) 
         lines.append(json.loads(await proc.stdout.readline()))  # type: ignore[union-attr]
         assert await proc.wait() == 0
         assert await proc.stdout.read() == b""  # type: ignore[union-attr]  # --count 2: no more
+        # A normal end says nothing about the connection it closes (issue 10 #9).
+        assert await proc.stderr.read() == b""  # type: ignore[union-attr]
     first, second = lines
     assert first["subject"] == "kestrel.workload.acme.admitted"
     assert first["type"] == "kestrel.v1.WorkloadEvent"
     assert first["message"]["gpus"] == 3  # type: ignore[index]
     assert second["message"]["type"] == "WORKLOAD_EVENT_TYPE_FINISHED"  # type: ignore[index]
+
+
+async def test_tap_stopped_with_ctrl_c_ends_quietly(clean_bus: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kestrel.cli", "tap", "kestrel.>", "--nats-url", clean_bus,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(30):
+        while True:  # publish until the tap is subscribed and prints
+            await publish_events(clean_bus, [wev(f"c-{T0}", "acme", "w", 1, T0)])
+            try:
+                await asyncio.wait_for(proc.stdout.readline(), 0.5)  # type: ignore[union-attr]
+                break
+            except TimeoutError:
+                continue
+        proc.send_signal(signal.SIGINT)
+        assert await proc.wait() == 0
+    assert await proc.stderr.read() == b""  # type: ignore[union-attr]
