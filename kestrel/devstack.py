@@ -291,17 +291,25 @@ class Stack:
     def status(self) -> dict[str, bool]:
         return {name: _pid_alive(pid) for name, pid in self.pids.items()}
 
-    def up(self, timeout_s: float = 60.0) -> None:
-        """Start whatever is not running; idempotent."""
+    def up(self, timeout_s: float = 60.0) -> dict[str, str]:
+        """Start whatever is not running; idempotent. Returns, per component, one line
+        saying what happened to it: reused, started, or restarted and why."""
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)
         alive = self.status()
+        report: dict[str, str] = {}
         for name in ("postgres", "nats", "redis"):
+            old = self.pids.get(name)
             if alive.get(name):
+                report[name] = f"{name} is running (pid {old}): reused"
                 continue
             getattr(self, f"_start_{name}")(timeout_s)
             self.save()
+            new = self.pids[name]
+            report[name] = (f"{name} was not running (pid {old} gone): restarted as pid {new}"
+                            if old else f"{name} started (pid {new})")
         self.provision()
+        return report
 
     def down(self, timeout_s: float = 20.0) -> None:
         """Stop every process cleanly (SIGTERM/SIGINT, then SIGKILL after timeout)."""
@@ -476,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             t0 = time.monotonic()
-            stack.up()
+            for line in stack.up().values():
+                print(line)
             print(f"devstack up in {time.monotonic() - t0:.1f}s ({args.dir})")
         elif args.command == "down":
             stack.down()

@@ -6,7 +6,8 @@
 meter, gateway, admission, and the placer when the Kubernetes data plane is
 up — as detached processes on their default loopback ports, with logs and an
 operator token under .run/plane. `env` prints the exports the CLI, the SDK
-and grpcurl need. Idempotent: `up` starts only what is not running.
+and grpcurl need. Idempotent: `up` starts only what is not running, and says
+for each component whether it was reused, started, or found dead and restarted.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def service_env(stack: Stack) -> dict[str, str]:
 def up(with_placer: bool | None = None) -> None:
     ROOT.mkdir(parents=True, exist_ok=True)
     stack = open_stack(ROOT / "devstack")
-    stack.up()
+    for line in stack.up().values():  # what was reused, started or restarted, and why
+        print(line)
     pids = _state()
     names = ["meter", "gateway", "admission"]
     if with_placer is None:
@@ -62,13 +64,17 @@ def up(with_placer: bool | None = None) -> None:
     if with_placer:
         names.append("placer")
     for name in names:
-        if name in pids and _alive(pids[name]):
+        old = pids.get(name)
+        if old and _alive(old):
+            print(f"{name} is running (pid {old}): reused")
             continue
-        proc = ServiceProcess(name, service_env(stack), f"127.0.0.1:{PORTS[name]}",
-                              ROOT / f"{name}.log", detach=True).start()
+        log = ROOT / f"{name}.log"
+        proc = ServiceProcess(name, service_env(stack), f"127.0.0.1:{PORTS[name]}", log,
+                              detach=True).start()
         pids[name] = proc.pid
         _save(pids)
-        print(f"{name:<10} pid {proc.pid:<7} 127.0.0.1:{PORTS[name]}  log {ROOT / name}.log")
+        what = f"{name} was not running (pid {old} gone): restarted" if old else f"{name} started"
+        print(f"{what} as pid {proc.pid} on 127.0.0.1:{PORTS[name]}, log {log}")
     if TOKEN_FILE.exists():
         print(f"operator token in {TOKEN_FILE}; eval $(python -m kestrel.plane env)")
 
