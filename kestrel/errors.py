@@ -32,12 +32,14 @@ class KestrelError(Exception):
 
 
 class InvalidArgument(KestrelError):
+    """Bad input: each violation names a field (its path in the request message)."""
+
     code = grpc.StatusCode.INVALID_ARGUMENT
 
-    def __init__(self, violations: Sequence[FieldViolation]) -> None:
+    def __init__(self, violations: Sequence[FieldViolation], message: str | None = None) -> None:
         self.violations = list(violations)
         summary = "; ".join(f"{v.field}: {v.description}" for v in self.violations)
-        super().__init__(f"invalid request: {summary}")
+        super().__init__(message or f"invalid request: {summary}")
 
 
 class NotFound(KestrelError):
@@ -61,7 +63,13 @@ class Unauthenticated(KestrelError):
 
 
 class Unavailable(KestrelError):
+    """A dependency is away or saturated for now: the client retries after RetryInfo's delay."""
+
     code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Unimplemented(KestrelError):
@@ -98,6 +106,13 @@ def _pack(msg: object) -> any_pb2.Any:
     return out
 
 
+def _retry_info(seconds: float) -> any_pb2.Any:
+    seconds = max(seconds, 0.0)
+    return _pack(error_details_pb2.RetryInfo(
+        retry_delay=duration_pb2.Duration(seconds=int(seconds),
+                                          nanos=int((seconds % 1) * 1e9))))
+
+
 def to_status(exc: BaseException) -> status_pb2.Status:
     """The one mapping from exceptions to google.rpc.Status (with details)."""
     if isinstance(exc, InvalidArgument):
@@ -110,13 +125,25 @@ def to_status(exc: BaseException) -> status_pb2.Status:
         )
         return status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=exc.message,
                                  details=[_pack(bad)])
-    if isinstance(exc, ResourceExhausted):
-        seconds = max(exc.retry_after_s, 0.0)
-        retry = error_details_pb2.RetryInfo(
-            retry_delay=duration_pb2.Duration(seconds=int(seconds),
-                                              nanos=int((seconds % 1) * 1e9)))
-        return status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=exc.message,
-                                 details=[_pack(retry)])
+    if isinstance(exc, ResourceExhausted | Unavailable):
+        return status_pb2.Status(code=exc.code.value[0], message=exc.message,
+                                 details=[_retry_info(exc.retry_after_s)])
     if isinstance(exc, KestrelError):
         return status_pb2.Status(code=exc.code.value[0], message=exc.message)
     return status_pb2.Status(code=code_pb2.INTERNAL, message="internal error")
+
+
+def details_of(status: status_pb2.Status) -> tuple[list[FieldViolation], float | None]:
+    """The inverse of `to_status` for details: field violations and the RetryInfo delay."""
+    violations: list[FieldViolation] = []
+    retry_after: float | None = None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            violations += [FieldViolation(v.field, v.description) for v in bad.field_violations]
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            retry_after = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+    return violations, retry_after

@@ -119,8 +119,8 @@ def test_every_status_the_services_send_maps_to_its_sdk_class(
     if isinstance(exc, server_errors.InvalidArgument):
         assert err.field_violations == [("gpus", "must be >= 1")]
         assert str(err) == "INVALID_ARGUMENT: gpus: must be >= 1"
-    elif isinstance(exc, server_errors.ResourceExhausted):
-        assert err.retry_after_s == 0.5
+    elif isinstance(exc, server_errors.ResourceExhausted | server_errors.Unavailable):
+        assert err.retry_after_s == exc.retry_after_s  # RetryInfo: both are retryable
     else:
         assert err.message == exc.message
         assert str(err) == f"{code.name}: {exc.message}"
