@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import redis.asyncio as aioredis
 
 from kestrel import bus
-from kestrel.config import Endpoints, env_int, env_str
+from kestrel.config import Endpoints, env_float, env_int, env_str
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.service import drain
@@ -24,6 +23,7 @@ from kestrel.v1 import (
     meter_pb2_grpc,
     placer_pb2_grpc,
 )
+from services.gateway import ratelimit
 from services.gateway.auth import hash_secret
 from services.gateway.ratelimit import RateLimiter
 from services.gateway.servicer import GatewayServicer
@@ -43,6 +43,8 @@ class GatewayConfig:
     operator_token: str
     operator_token_file: str
     max_node_gpus: int
+    redis_max_connections: int
+    redis_wait_s: float
 
     @classmethod
     def from_env(cls) -> GatewayConfig:
@@ -53,7 +55,9 @@ class GatewayConfig:
                    env_str("KESTREL_PLACER_ADDR", "127.0.0.1:50054"),
                    env_str("KESTREL_OPERATOR_TOKEN", ""),
                    env_str("KESTREL_OPERATOR_TOKEN_FILE", ".run/operator-token"),
-                   env_int("KESTREL_MAX_NODE_GPUS", 8))
+                   env_int("KESTREL_MAX_NODE_GPUS", 8),
+                   env_int("KESTREL_GATEWAY_REDIS_MAX_CONNECTIONS", 32),
+                   env_float("KESTREL_GATEWAY_REDIS_WAIT_S", 2.0))
 
 
 def operator_token_hash(config: GatewayConfig) -> str:
@@ -73,7 +77,8 @@ def operator_token_hash(config: GatewayConfig) -> str:
 async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
     pool = await create_pool(config.endpoints.postgres_dsn, max_size=10)
     nc = await bus.connect(config.endpoints.nats_url, "gateway")
-    redis = aioredis.from_url(config.endpoints.redis_url)
+    redis = ratelimit.connect(config.endpoints.redis_url, config.redis_max_connections,
+                              config.redis_wait_s)
     store = GatewayStore(pool)
     await migrate_component(config.endpoints, "gateway", MIGRATIONS)
     admission_ch = grpc.aio.insecure_channel(config.admission_addr)

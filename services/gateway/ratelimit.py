@@ -1,10 +1,22 @@
-"""Per-tenant token buckets in Redis, refilled and spent atomically by one Lua script."""
+"""Per-tenant token buckets in Redis, refilled and spent atomically by one Lua script.
+
+The Redis pool is bounded on purpose (`KESTREL_GATEWAY_REDIS_MAX_CONNECTIONS`): a
+burst of calls waits for a connection up to `KESTREL_GATEWAY_REDIS_WAIT_S` rather
+than failing, and a call that still finds none, or finds Redis away, is refused as
+UNAVAILABLE with RetryInfo, never INTERNAL.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from kestrel.errors import Unavailable
+
+# A client told to come back after this long finds the pool drained or Redis back.
+RETRY_AFTER_S = 0.5
 
 # KEYS[1] bucket hash; ARGV: rate per second, burst, cost.
 # Uses the server's clock, so every gateway replica agrees.
@@ -39,12 +51,28 @@ class Verdict:
     retry_after_s: float
 
 
+def connect(url: str, max_connections: int, wait_s: float) -> aioredis.Redis:
+    """A client over a bounded pool: at most `max_connections` sockets; a caller waits up
+    to `wait_s` for a free one, and a command is bounded by a socket timeout as well."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=wait_s,
+        socket_connect_timeout=5.0, socket_timeout=5.0)
+    return aioredis.Redis(connection_pool=pool)
+
+
 class RateLimiter:
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
         self.script = client.register_script(_SCRIPT)
 
     async def take(self, tenant: str, rate_per_s: float, burst: int, cost: int = 1) -> Verdict:
-        allowed, wait_us = await self.script(keys=[f"kestrel:rl:{tenant}"],
-                                             args=[rate_per_s, burst, cost])
+        try:
+            allowed, wait_us = await self.script(keys=[f"kestrel:rl:{tenant}"],
+                                                 args=[rate_per_s, burst, cost])
+        except (RedisError, OSError, TimeoutError) as exc:
+            # Pool exhausted past its wait, Redis restarting or slow: the call may succeed
+            # a moment later, so say so instead of failing as INTERNAL.
+            raise Unavailable(f"the rate limiter is busy or unreachable "
+                              f"({type(exc).__name__}); retry",
+                              retry_after_s=RETRY_AFTER_S) from exc
         return Verdict(bool(int(allowed)), int(wait_us) / 1e6)
