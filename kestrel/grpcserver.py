@@ -2,7 +2,12 @@
 
 - `build_server` adds server reflection and grpc.health.v1 and binds loopback.
 - `map_errors` wraps every RPC of a servicer so that domain errors become a
-  gRPC status with details (errors.to_status) in exactly one place.
+  gRPC status with details (errors.to_status) in exactly one place, and checks
+  every string of every request first (kestrel.validation.check_strings: no
+  control characters, bounded length), so a new RPC is covered without a line.
+- `Server` installs `DecodeGuard`: a request that does not parse as its message
+  (garbage bytes, invalid UTF-8 in a string field) answers INVALID_ARGUMENT
+  instead of grpc's UNKNOWN "Unexpected <class DecodeError>".
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
-from kestrel.errors import KestrelError, to_status
+from kestrel.errors import InvalidArgument, KestrelError, to_status
+from kestrel.validation import check_strings
 
 log = logging.getLogger("kestrel.grpc")
 
@@ -43,6 +49,7 @@ def _wrap_unary(name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., A
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         rid = _request_id(context)
         try:
+            check_strings(request)
             return await fn(self, request, context)
         except KestrelError as exc:
             log.info("rpc %s request_id=%s -> %s: %s", name, rid, exc.code.name, exc.message)
@@ -62,6 +69,7 @@ def _wrap_stream(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         rid = _request_id(context)
         try:
+            check_strings(request)
             async for item in fn(self, request, context):
                 yield item
         except KestrelError as exc:
@@ -88,11 +96,95 @@ def map_errors(cls: type[T]) -> type[T]:
     return cls
 
 
+class Undecodable:
+    """What a guarded deserializer returns for bytes that are not the request message."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    @property
+    def sentence(self) -> str:
+        return f"request could not be decoded: {self.error}"[:500]
+
+
+def lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """A deserializer that never raises: a failure comes back as an `Undecodable`."""
+    if deserializer is None:
+        return None
+    parse = deserializer
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # DecodeError, and whatever a parser may raise
+            return Undecodable(exc)
+
+    return deserialize
+
+
+async def _reject(name: str, bad: Undecodable,
+                  context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    log.info("rpc %s request_id=%s -> INVALID_ARGUMENT: %s", name, _request_id(context),
+             bad.sentence)
+    await abort_with(context, InvalidArgument([], message=bad.sentence))
+
+
+class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Answers INVALID_ARGUMENT for a request that does not decode, for every unary-request
+    method of the server (Kestrel's, health's); grpc's own answer would be UNKNOWN."""
+
+    async def intercept_service(
+            self, continuation: Callable[[grpc.HandlerCallDetails],
+                                         Awaitable[grpc.RpcMethodHandler]],
+            handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming:
+            return handler
+        name = handler_call_details.method
+        if handler.unary_unary is not None:
+            unary = handler.unary_unary
+            if not inspect.iscoroutinefunction(unary):
+                return handler
+
+            async def guarded_unary(request: Any,
+                                    context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                if isinstance(request, Undecodable):
+                    await _reject(name, request, context)
+                return await unary(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                guarded_unary, lenient(handler.request_deserializer),
+                handler.response_serializer)
+        stream = handler.unary_stream
+        if inspect.isasyncgenfunction(stream):
+            async def guarded_gen(request: Any,
+                                  context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                if isinstance(request, Undecodable):
+                    await _reject(name, request, context)
+                async for item in stream(request, context):
+                    yield item
+
+            behaviour: Callable[..., Any] = guarded_gen
+        elif inspect.iscoroutinefunction(stream):
+            async def guarded_writer(request: Any,
+                                     context: grpc.aio.ServicerContext[Any, Any]) -> None:
+                if isinstance(request, Undecodable):
+                    await _reject(name, request, context)
+                await stream(request, context)
+
+            behaviour = guarded_writer
+        else:
+            return handler
+        return grpc.unary_stream_rpc_method_handler(
+            behaviour, lenient(handler.request_deserializer), handler.response_serializer)
+
+
 class Server:
     """A grpc.aio server with reflection and health, bound to host:port."""
 
     def __init__(self, host: str, port: int, service_names: Iterable[str]) -> None:
-        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)],
+                                      interceptors=[DecodeGuard()])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names = list(service_names)
