@@ -14,6 +14,8 @@ from dataclasses import replace
 from typing import Any, TypeAlias
 
 import grpc
+from google.rpc import status_pb2
+from grpc_status import rpc_status
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -22,6 +24,7 @@ from kestrel.clock import now_us
 from kestrel.errors import (
     AlreadyExists,
     FailedPrecondition,
+    InvalidArgument,
     KestrelError,
     NotFound,
     PermissionDenied,
@@ -30,6 +33,7 @@ from kestrel.errors import (
     Unavailable,
     Unimplemented,
     Violations,
+    details_of,
 )
 from kestrel.grpcserver import map_errors
 from kestrel.jobs import JobRow, JobState, job_to_wire
@@ -78,14 +82,31 @@ def _key_wire(k: KeyRow) -> gateway_pb2.ApiKey:
                               created_us=k.created_us, revoked_us=k.revoked_us)
 
 
+def _rich_status(err: grpc.aio.AioRpcError) -> status_pb2.Status | None:
+    """The google.rpc.Status a Kestrel backend attached (grpc-status-details-bin)."""
+    try:
+        return rpc_status.from_call(err)
+    except ValueError:  # details that contradict the status line: ignore them
+        return None
+
+
 def downstream(err: grpc.aio.AioRpcError) -> KestrelError:
-    """A failure of another Kestrel service, as this service reports it."""
+    """A failure of another Kestrel service, as this service reports it.
+
+    Input a backend rejects is the caller's: INVALID_ARGUMENT passes through with the
+    backend's field violations. A backend that is away or saturated is UNAVAILABLE with
+    RetryInfo (the backend's delay where it gave one)."""
     code = err.code()
+    rich = _rich_status(err)
+    violations, retry_after = details_of(rich) if rich is not None else ([], None)
     if code == grpc.StatusCode.NOT_FOUND:
         return NotFound(err.details() or "not found")
-    if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidArgument(violations, message=err.details() or "rejected by a backend")
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
         return FailedPrecondition(err.details() or "rejected by a backend")
-    return Unavailable(f"a backend is unavailable ({code.name}); retry")
+    return Unavailable(f"a backend is unavailable ({code.name}); retry",
+                       retry_after_s=retry_after if retry_after is not None else 1.0)
 
 
 async def _call(coro: Any) -> Any:
@@ -427,16 +448,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def ListMyUsage(self, request: gateway_pb2.ListMyUsageRequest,
                           context: Ctx) -> gateway_pb2.ListMyUsageResponse:
         tenant = await self._tenant(context)
-        try:
-            resp = await self.meter.ListUsage(meter_pb2.ListUsageRequest(
-                tenant=tenant.tenant, start_us=request.start_us, end_us=request.end_us,
-                workload_id=request.workload_id, page_size=request.page_size,
-                page_token=request.page_token), timeout=10)
-        except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.INVALID_ARGUMENT:  # the tenant's own fields
-                await context.abort(err.code(), err.details() or "",
-                                    err.trailing_metadata() or ())
-            raise downstream(err) from None
+        resp = await _call(self.meter.ListUsage(meter_pb2.ListUsageRequest(
+            tenant=tenant.tenant, start_us=request.start_us, end_us=request.end_us,
+            workload_id=request.workload_id, page_size=request.page_size,
+            page_token=request.page_token), timeout=10))
         return gateway_pb2.ListMyUsageResponse(rows=resp.rows,
                                                next_page_token=resp.next_page_token)
 
