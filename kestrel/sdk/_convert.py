@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from kestrel.budget import budget
 from kestrel.v1 import common_pb2, gateway_pb2, meter_pb2
 
 
@@ -101,27 +102,48 @@ class Runway:
     reserved: Decimal
     remaining: Decimal
     burn_per_s: Decimal
-    # Seconds of spend left at the current burn; None when nothing burns (unlimited).
+    # Seconds the unreserved money (remaining) lasts at the current burn: 0 once
+    # everything is reserved, even while the money lasts (see money_runway_s).
+    # None when nothing burns (unlimited).
     runway_s: float | None
     unlimited: bool
     running_gpus: int
     as_of_us: int
     ledger_seq: int
     remaining_bp: int
+    # Seconds the money (credits - charged) lasts at the current burn; reservations
+    # spend nothing. None when nothing burns (unlimited); 0 when the money is spent.
+    money_runway_s: float | None = None
+    # What new jobs can still reserve: remaining, never below zero.
+    free_to_reserve: Decimal = Decimal(0)
 
     @property
     def as_of(self) -> datetime | None:
         return _dt(self.as_of_us)
 
+    @property
+    def unspent(self) -> Decimal:
+        """credits - charged: the money not yet spent, reserved or not."""
+        return self.credits - self.charged
+
     @classmethod
     def from_pb(cls, m: common_pb2.Runway) -> Runway:
         unlimited = bool(m.unlimited)
         runway_s = None if unlimited or not math.isfinite(m.runway_s) else float(m.runway_s)
-        return cls(tenant=m.tenant, credits=_dec(m.credits), charged=_dec(m.charged),
-                   reserved=_dec(m.reserved), remaining=_dec(m.remaining),
-                   burn_per_s=_dec(m.burn_per_s), runway_s=runway_s, unlimited=unlimited,
+        credits, charged, reserved = _dec(m.credits), _dec(m.charged), _dec(m.reserved)
+        burn = _dec(m.burn_per_s)
+        if m.free_to_reserve:  # the server computed both
+            free, money_s = _dec(m.free_to_reserve), float(m.money_runway_s)
+        else:  # a server from before they existed: the same computation here
+            b = budget(credits, charged, reserved, burn)
+            free, money_s = b.free_to_reserve, b.money_runway_s
+        money_runway_s = None if unlimited or not math.isfinite(money_s) else money_s
+        return cls(tenant=m.tenant, credits=credits, charged=charged,
+                   reserved=reserved, remaining=_dec(m.remaining),
+                   burn_per_s=burn, runway_s=runway_s, unlimited=unlimited,
                    running_gpus=m.running_gpus, as_of_us=m.as_of_us, ledger_seq=m.ledger_seq,
-                   remaining_bp=m.remaining_bp)
+                   remaining_bp=m.remaining_bp, money_runway_s=money_runway_s,
+                   free_to_reserve=free)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -109,6 +109,8 @@ class Runway(_message.Message):
     AS_OF_US_FIELD_NUMBER: _builtins.int
     LEDGER_SEQ_FIELD_NUMBER: _builtins.int
     REMAINING_BP_FIELD_NUMBER: _builtins.int
+    MONEY_RUNWAY_S_FIELD_NUMBER: _builtins.int
+    FREE_TO_RESERVE_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     credits: _builtins.str
     """Sum of all top-ups (credits table)."""
@@ -121,7 +123,10 @@ class Runway(_message.Message):
     burn_per_s: _builtins.str
     """Credits per second at the current allocation: sum(running gpus x price)."""
     runway_s: _builtins.float
-    """remaining / burn_per_s in seconds; meaningless when unlimited is true."""
+    """remaining / burn_per_s in seconds: how long the unreserved money lasts (0 when
+    none is left, even while reserved jobs still have money to run on; see
+    money_runway_s). Meaningless when unlimited is true.
+    """
     unlimited: _builtins.bool
     """True when nothing burns (burn_per_s == 0): runway is infinite."""
     running_gpus: _builtins.int
@@ -131,6 +136,13 @@ class Runway(_message.Message):
     """Highest ledger row id included: the figure traces back to rows <= this id."""
     remaining_bp: _builtins.int
     """remaining / credits in basis points (10000 = untouched budget)."""
+    money_runway_s: _builtins.float
+    """(credits - charged) / burn_per_s in seconds: how long the money lasts at the
+    current burn (reservations spend nothing); 0 when it is spent. Meaningless when
+    unlimited is true.
+    """
+    free_to_reserve: _builtins.str
+    """remaining, never below 0: what new jobs can still reserve."""
     def __init__(
         self,
         *,
@@ -146,10 +158,12 @@ class Runway(_message.Message):
         as_of_us: _builtins.int = ...,
         ledger_seq: _builtins.int = ...,
         remaining_bp: _builtins.int = ...,
+        money_runway_s: _builtins.float = ...,
+        free_to_reserve: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of_us", b"as_of_us", "burn_per_s", b"burn_per_s", "charged", b"charged", "credits", b"credits", "ledger_seq", b"ledger_seq", "remaining", b"remaining", "remaining_bp", b"remaining_bp", "reserved", b"reserved", "running_gpus", b"running_gpus", "runway_s", b"runway_s", "tenant", b"tenant", "unlimited", b"unlimited"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of_us", b"as_of_us", "burn_per_s", b"burn_per_s", "charged", b"charged", "credits", b"credits", "free_to_reserve", b"free_to_reserve", "ledger_seq", b"ledger_seq", "money_runway_s", b"money_runway_s", "remaining", b"remaining", "remaining_bp", b"remaining_bp", "reserved", b"reserved", "running_gpus", b"running_gpus", "runway_s", b"runway_s", "tenant", b"tenant", "unlimited", b"unlimited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -37,14 +37,19 @@ def event_from_wire(msg: events_pb2.WorkloadEvent) -> Event:
                  EventType(msg.type), msg.time_us, msg.flavor, msg.gpus, msg.max_duration_s)
 
 
+def _finite(seconds: float) -> float:
+    return 0.0 if math.isinf(seconds) else seconds
+
+
 def runway_to_wire(f: RunwayFigures) -> common_pb2.Runway:
-    runway_s = f.runway_s
+    b = f.budget
     return common_pb2.Runway(
-        tenant=f.tenant, credits=fmt(f.credits), charged=fmt(f.charged),
-        reserved=fmt(f.reserved), remaining=fmt(f.remaining), burn_per_s=fmt(f.burn_per_s),
-        runway_s=0.0 if math.isinf(runway_s) else runway_s, unlimited=f.unlimited,
+        tenant=f.tenant, credits=fmt(b.credits), charged=fmt(b.charged),
+        reserved=fmt(b.reserved), remaining=fmt(b.remaining), burn_per_s=fmt(b.burn_per_s),
+        runway_s=_finite(b.runway_s), unlimited=b.unlimited,
         running_gpus=f.running_gpus, as_of_us=f.as_of_us, ledger_seq=f.ledger_seq,
-        remaining_bp=f.remaining_bp)
+        remaining_bp=b.remaining_bp, money_runway_s=_finite(b.money_runway_s),
+        free_to_reserve=fmt(b.free_to_reserve))
 
 
 def runway_changed(f: RunwayFigures, reason: Reason, committed_us: int) -> events_pb2.RunwayChanged:

@@ -104,6 +104,23 @@ def test_runway_keeps_decimals_and_says_unlimited_instead_of_infinity() -> None:
     assert finite.runway_s == 3600.5 and finite.burn_per_s == Decimal("0.002")
 
 
+def test_a_fully_reserved_runway_carries_how_long_the_money_lasts() -> None:
+    # The meter's figures when one covered job reserves the whole budget (issue 10 #8).
+    r = Runway.from_pb(common_pb2.Runway(
+        tenant="acme", credits="10", charged="0", reserved="10", remaining="0",
+        burn_per_s="0.05", runway_s=0.0, money_runway_s=200.0, free_to_reserve="0"))
+    assert (r.runway_s, r.money_runway_s) == (0.0, 200.0)
+    assert (r.free_to_reserve, r.unspent) == (Decimal(0), Decimal(10))
+    # An older server sends neither: the SDK computes them the same way (kestrel.budget).
+    old = Runway.from_pb(common_pb2.Runway(
+        tenant="acme", credits="10", charged="2", reserved="9", remaining="-1",
+        burn_per_s="0.5", runway_s=0.0))
+    assert (old.money_runway_s, old.free_to_reserve) == (16.0, Decimal(0))
+    idle = Runway.from_pb(common_pb2.Runway(tenant="acme", credits="10", remaining="10",
+                                            free_to_reserve="10", unlimited=True))
+    assert idle.money_runway_s is None and idle.free_to_reserve == Decimal(10)
+
+
 def test_a_tenant_carries_its_runway_only_when_the_server_sent_one() -> None:
     pb = gateway_pb2.Tenant(tenant="acme", display_name="Acme", gpu_quota={"gpu-h100": 8},
                             rate_limit=gateway_pb2.RateLimit(per_s=5.5, burst=10),
