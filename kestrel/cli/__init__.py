@@ -6,7 +6,9 @@
 - `kestrel tap`: print bus messages
 
 Tenant and operator commands use the Python SDK (`kestrel.Client`) against the
-gateway; errors are one sentence with the gRPC code, exit status 2.
+gateway; errors are one sentence with the gRPC code, exit status 2. Every listing
+and show command prints a table (never cut when stdout is not a terminal), or with
+`-o json` (`--json`) JSON for scripts, or with `-o wide` a table never cut at all.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Annotated
 import typer
 
 from kestrel.cli import meter, operator, tenant
-from kestrel.cli._common import Globals
+from kestrel.cli._common import Globals, OutputOpt
 from kestrel.sdk import ENV_ADDRESS, ENV_API_KEY, ENV_OPERATOR_TOKEN
 
 app = typer.Typer(help="Kestrel: runway-aware GPU compute. Operator and tenant commands.",
@@ -44,10 +46,11 @@ def _globals(
     timeout: Annotated[float, typer.Option(
         "--timeout", min=0.001, help="seconds per call")] = 10.0,
     as_json: Annotated[bool, typer.Option(
-        "--json", help="JSON output for every command")] = False,
+        "--json", help="JSON output for every command (same as -o json)")] = False,
+    output: OutputOpt = None,
 ) -> None:
     ctx.obj = Globals(gateway=gateway, api_key=api_key, operator_token=operator_token,
-                      timeout_s=timeout, json=as_json)
+                      timeout_s=timeout, json=as_json, output=output)
 
 
 @app.command()
@@ -70,7 +73,8 @@ for _fn in (tenant.submit, tenant.jobs, tenant.job, tenant.cancel, tenant.watch,
 app.add_typer(operator.tenants, name="tenants", rich_help_panel=OPERATOR)
 app.add_typer(operator.keys, name="keys", rich_help_panel=OPERATOR)
 app.command("top-up", rich_help_panel=OPERATOR)(operator.top_up)
-app.command("adjust", rich_help_panel=OPERATOR)(operator.adjust)
+app.command("adjust", rich_help_panel=OPERATOR,
+            context_settings=operator.SIGNED)(operator.adjust)
 app.add_typer(meter.app, name="meter", rich_help_panel=OPERATOR)
 
 

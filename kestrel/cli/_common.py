@@ -1,9 +1,11 @@
 """What every command of the `kestrel` CLI shares: the global options, the SDK client,
-output (tables or --json), argument parsers and the one way errors are shown."""
+output options (tables, wide tables or JSON; kestrel.cli.render prints them), argument
+parsers and the one way errors are shown."""
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -12,15 +14,27 @@ from typing import Annotated, Any, NoReturn
 
 import grpc
 import typer
+from google.protobuf import json_format
+from google.protobuf.message import Message
 from rich.console import Console
 from rich.text import Text
 
 from kestrel.sdk import Client, JobState, KestrelError, MissingCredential, to_jsonable
 
-console = Console()
 err_console = Console(stderr=True)
 
-AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+class Output(enum.StrEnum):
+    TABLE = "table"  # the terminal's width; never cut when stdout is not a terminal
+    WIDE = "wide"    # never cut, even on a terminal
+    JSON = "json"    # machine-readable, money as exact decimal strings
+
+
+AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table "
+                                                    "(same as -o json)")]
+OutputOpt = Annotated[Output | None, typer.Option(
+    "--output", "-o", case_sensitive=False, show_default=False,
+    help="table (default), wide (never cut at the terminal's width) or json")]
 
 
 @dataclass(frozen=True)
@@ -30,6 +44,7 @@ class Globals:
     operator_token: str | None = None
     timeout_s: float = 10.0
     json: bool = False
+    output: Output | None = None
 
 
 def globals_of(ctx: typer.Context) -> Globals:
@@ -68,13 +83,37 @@ def fail(message: str, status: int = 2) -> NoReturn:
     raise typer.Exit(status)
 
 
-def want_json(ctx: typer.Context, as_json: bool) -> bool:
-    return as_json or globals_of(ctx).json
+def output_of(ctx: typer.Context, as_json: bool = False,
+              output: Output | None = None) -> Output:
+    """The command's own choice wins, then the global one; tables by default."""
+    g = globals_of(ctx)
+    if as_json:
+        return Output.JSON
+    if output is not None:
+        return output
+    if g.json:
+        return Output.JSON
+    return g.output or Output.TABLE
+
+
+def want_json(ctx: typer.Context, as_json: bool, output: Output | None = None) -> bool:
+    return output_of(ctx, as_json, output) is Output.JSON
+
+
+def jsonable(value: Any) -> Any:
+    """SDK dataclasses, protobuf messages, or lists of them, as JSON-ready values."""
+    if isinstance(value, Message):
+        return json_format.MessageToDict(value, preserving_proto_field_name=True,
+                                         always_print_fields_with_no_presence=True)
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return to_jsonable(value)
 
 
 def print_json(value: Any, *, lines: bool = False) -> None:
-    """JSON of SDK dataclasses (or lists of them); Decimal stays an exact string."""
-    data = to_jsonable(value)
+    """JSON of SDK dataclasses or protobuf messages (or lists of them); Decimal stays an
+    exact string, and a message's zero fields are printed, not left out."""
+    data = jsonable(value)
     text = json.dumps(data, separators=(",", ":")) if lines else json.dumps(data, indent=2)
     print(text, flush=lines)
 
@@ -123,6 +162,18 @@ def parse_states(values: Iterable[str]) -> list[JobState]:
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--state") from None
     return states
+
+
+_SIGNED = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
+
+
+def parse_signed_amount(text: str) -> str:
+    """A signed decimal such as -50, -0.6 or 20, passed on as text (the server checks
+    its range and places)."""
+    value = text.strip()
+    if not _SIGNED.match(value):
+        raise typer.BadParameter(f"{text!r} is not a signed decimal such as -50 or 20")
+    return value
 
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")

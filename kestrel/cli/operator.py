@@ -11,14 +11,15 @@ from rich.markup import escape
 from kestrel.cli import render
 from kestrel.cli._common import (
     AsJson,
+    OutputOpt,
     client,
-    console,
     err_console,
     parse_quota,
+    parse_signed_amount,
     print_json,
     want_json,
 )
-from kestrel.sdk import Tenant
+from kestrel.sdk import Tenant, TopUpResult
 
 tenants = typer.Typer(help="Operator: create, inspect, suspend and resume tenants.",
                       no_args_is_help=True)
@@ -27,13 +28,11 @@ keys = typer.Typer(help="Operator: issue and revoke tenant API keys.", no_args_i
 TenantArg = Annotated[str, typer.Argument(help="tenant id, e.g. acme")]
 
 
-def _show_tenant(ctx: typer.Context, t: Tenant, as_json: bool) -> None:
-    if want_json(ctx, as_json):
-        print_json(t)
-        return
-    console.print(render.tenants_table([t], title=f"tenant {t.tenant}"))
-    if t.runway is not None:
-        console.print(render.runway_table(t.runway))
+def _show_tenant(ctx: typer.Context, t: Tenant, as_json: bool,
+                 output: OutputOpt = None) -> None:
+    render.show(ctx, t, lambda: [render.tenants_table([t], title=f"tenant {t.tenant}"),
+                                 *(render.runway_parts(t.runway) if t.runway else [])],
+                as_json=as_json, output=output)
 
 
 @tenants.command("create")
@@ -47,39 +46,38 @@ def create(ctx: typer.Context, tenant: TenantArg,
                "--rate", help="API requests per second (token bucket rate)")] = 10.0,
            burst: Annotated[int, typer.Option(help="API request burst")] = 20,
            display_name: Annotated[str, typer.Option("--display-name")] = "",
-           as_json: AsJson = False) -> None:
+           as_json: AsJson = False, output: OutputOpt = None) -> None:
     """Create TENANT with its GPU quota, API rate limit and first credits."""
     gpu_quota = parse_quota(quota or [])
     with client(ctx) as c:
         t = c.create_tenant(tenant, display_name=display_name, gpu_quota=gpu_quota,
                             rate_per_s=rate_per_s, burst=burst, initial_credits=credits)
-    _show_tenant(ctx, t, as_json)
+    _show_tenant(ctx, t, as_json, output)
 
 
 @tenants.command("get")
-def get(ctx: typer.Context, tenant: TenantArg, as_json: AsJson = False) -> None:
+def get(ctx: typer.Context, tenant: TenantArg, as_json: AsJson = False,
+        output: OutputOpt = None) -> None:
     """Show TENANT and its runway."""
     with client(ctx) as c:
         t = c.get_tenant(tenant)
-    _show_tenant(ctx, t, as_json)
+    _show_tenant(ctx, t, as_json, output)
 
 
 @tenants.command("list")
-def list_(ctx: typer.Context, as_json: AsJson = False) -> None:
+def list_(ctx: typer.Context, as_json: AsJson = False, output: OutputOpt = None) -> None:
     """Every tenant."""
     with client(ctx) as c:
         found = list(c.list_tenants())
-    if want_json(ctx, as_json):
-        print_json(found)
-    else:
-        console.print(render.tenants_table(found))
+    render.show(ctx, found, lambda: [render.tenants_table(found)], as_json=as_json,
+                output=output)
 
 
 def _suspend(ctx: typer.Context, tenant: str, suspended: bool, reason: str,
-             as_json: bool) -> None:
+             as_json: bool, output: OutputOpt) -> None:
     with client(ctx) as c:
         t = c.suspend_tenant(tenant, suspended=suspended, reason=reason)
-    _show_tenant(ctx, t, as_json)
+    _show_tenant(ctx, t, as_json, output)
 
 
 Reason = Annotated[str, typer.Option(help="why, for the audit trail")]
@@ -87,77 +85,84 @@ Reason = Annotated[str, typer.Option(help="why, for the audit trail")]
 
 @tenants.command("suspend")
 def suspend(ctx: typer.Context, tenant: TenantArg, reason: Reason = "",
-            as_json: AsJson = False) -> None:
+            as_json: AsJson = False, output: OutputOpt = None) -> None:
     """Suspend TENANT: its keys stop working for new work until resumed."""
-    _suspend(ctx, tenant, True, reason, as_json)
+    _suspend(ctx, tenant, True, reason, as_json, output)
 
 
 @tenants.command("resume")
 def resume(ctx: typer.Context, tenant: TenantArg, reason: Reason = "",
-           as_json: AsJson = False) -> None:
+           as_json: AsJson = False, output: OutputOpt = None) -> None:
     """Lift the suspension of TENANT."""
-    _suspend(ctx, tenant, False, reason, as_json)
+    _suspend(ctx, tenant, False, reason, as_json, output)
 
 
 @keys.command("create")
 def key_create(ctx: typer.Context, tenant: TenantArg,
                name: Annotated[str, typer.Option(help="label of the key")] = "default",
-               as_json: AsJson = False) -> None:
+               as_json: AsJson = False, output: OutputOpt = None) -> None:
     """Issue an API key for TENANT. The secret is printed once and cannot be shown again."""
     with client(ctx) as c:
         created = c.create_api_key(tenant, name)
     warning = ("this secret is shown once and cannot be shown again: store it now "
                "(e.g. export KESTREL_API_KEY=...)")
-    if want_json(ctx, as_json):
+    if want_json(ctx, as_json, output):
         print_json(created)
         err_console.print(f"[yellow]warning[/] {warning}", soft_wrap=True)
         return
+    console = render.out()
     console.print(f"API key [bold]{escape(created.key_id)}[/] for tenant "
-                  f"[bold]{escape(created.tenant)}[/] ({escape(created.name)})")
+                  f"[bold]{escape(created.tenant)}[/] ({escape(created.name)})", soft_wrap=True)
     console.print(escape(created.secret), highlight=False, soft_wrap=True)
     err_console.print(f"[yellow]warning[/] {warning}", soft_wrap=True)
 
 
 @keys.command("revoke")
 def key_revoke(ctx: typer.Context, key_id: Annotated[str, typer.Argument(help="key id")],
-               as_json: AsJson = False) -> None:
+               as_json: AsJson = False, output: OutputOpt = None) -> None:
     """Revoke an API key: calls with it are refused from now on."""
     with client(ctx) as c:
         key = c.revoke_api_key(key_id)
-    if want_json(ctx, as_json):
-        print_json(key)
-    else:
-        console.print(render.key_table(key))
+    render.show(ctx, key, lambda: [render.key_table(key)], as_json=as_json, output=output)
+
+
+def _show_credits(ctx: typer.Context, result: TopUpResult, what: str, as_json: bool,
+                  output: OutputOpt) -> None:
+    render.show(ctx, result, lambda: [
+        "applied" if result.applied else f"already applied (same {what} id)",
+        *render.runway_parts(result.runway)], as_json=as_json, output=output)
 
 
 def top_up(ctx: typer.Context, tenant: TenantArg,
            amount: Annotated[str, typer.Argument(help="credits to add, a decimal")],
            top_up_id: Annotated[str, typer.Option(
                "--top-up-id", help="makes a retry safe: the same id applies once")] = "",
-           note: Annotated[str, typer.Option()] = "", as_json: AsJson = False) -> None:
+           note: Annotated[str, typer.Option()] = "", as_json: AsJson = False,
+           output: OutputOpt = None) -> None:
     """Operator: add AMOUNT credits to TENANT (through the gateway and the meter)."""
     with client(ctx) as c:
         result = c.top_up(tenant, amount, top_up_id or None, note)
-    if want_json(ctx, as_json):
-        print_json(result)
-        return
-    console.print("applied" if result.applied else "already applied (same top-up id)")
-    console.print(render.runway_table(result.runway))
+    _show_credits(ctx, result, "top-up", as_json, output)
+
+
+# A negative AMOUNT looks like an option to the parser (-0.6 would be "-0" with
+# ".6"): this command passes tokens it does not know as options on as arguments,
+# and the AMOUNT's parser then refuses anything that is not a signed decimal.
+SIGNED = {"ignore_unknown_options": True}
 
 
 def adjust(ctx: typer.Context, tenant: TenantArg,
            amount: Annotated[str, typer.Argument(
+               parser=parse_signed_amount, metavar="AMOUNT",
                help="signed credits: -50 lowers the budget, 20 raises it")],
            note: Annotated[str, typer.Option(help="why the budget changes (required)")],
            adjust_id: Annotated[str, typer.Option(
                "--adjust-id", help="makes a retry safe: the same id applies once")] = "",
-           as_json: AsJson = False) -> None:
+           as_json: AsJson = False, output: OutputOpt = None) -> None:
     """Operator: correct TENANT's budget by a signed AMOUNT (an append-only credits row).
     Below what is spent, the tenant's running work is evicted."""
+    if tenant.startswith("-"):
+        raise typer.BadParameter(f"no such option {tenant!r}", param_hint="TENANT")
     with client(ctx) as c:
         result = c.adjust_credits(tenant, amount, note, adjust_id or None)
-    if want_json(ctx, as_json):
-        print_json(result)
-        return
-    console.print("applied" if result.applied else "already applied (same adjust id)")
-    console.print(render.runway_table(result.runway))
+    _show_credits(ctx, result, "adjust", as_json, output)

@@ -1,22 +1,60 @@
-"""Rich tables for the SDK's dataclasses (the CLI's default, human output)."""
+"""The CLI's one renderer: JSON for scripts, or Rich tables for people (from the SDK's
+dataclasses), never cut when stdout is not a terminal.
+
+Every command prints through `show`: `-o json` (or `--json`) prints the value as JSON;
+`-o table` (the default) fits tables to the terminal, or prints them whole when stdout
+is a pipe or a file; `-o wide` prints them whole on a terminal too.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
+import typer
+from rich.console import Console, RenderableType
 from rich.table import Table
 
-from kestrel.cli._common import cell
+from kestrel.cli._common import Output, cell, output_of, print_json
 from kestrel.money import fmt
 from kestrel.sdk import ApiKey, Job, JobState, Runway, Tenant, UsageRow
+
+# Wide enough for any row: Rich sizes tables to their content, never pads to this.
+WIDE = 1_000_000
 
 _STATE_STYLE = {
     JobState.HELD: "yellow", JobState.ADMITTED: "cyan", JobState.QUEUED: "cyan",
     JobState.RUNNING: "bold blue", JobState.SUCCEEDED: "green", JobState.FAILED: "red",
     JobState.CANCELLED: "magenta", JobState.EVICTED: "red", JobState.REJECTED: "red",
 }
+
+
+def _stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def out(wide: bool = False) -> Console:
+    """A console on the current stdout: the terminal's width on a terminal, unlimited
+    when asked (wide) or when stdout is not a terminal (a pipe, a file, a script), even
+    if stdin is one or COLUMNS is set."""
+    if wide or not _stdout_is_terminal():
+        return Console(width=WIDE)
+    return Console()
+
+
+def show(ctx: typer.Context, value: Any, human: Callable[[], Iterable[RenderableType]],
+         *, as_json: bool = False, output: Output | None = None) -> None:
+    """Print `value` as JSON, or what `human()` returns for people."""
+    mode = output_of(ctx, as_json, output)
+    if mode is Output.JSON:
+        print_json(value)
+        return
+    console = out(wide=mode is Output.WIDE)
+    for part in human():
+        console.print(part)
 
 
 def when(value: datetime | None) -> str:
@@ -31,17 +69,64 @@ def state(s: JobState) -> str:
     return f"[{_STATE_STYLE.get(s, 'default')}]{s.value}[/]"
 
 
-def runway_text(r: Runway) -> str:
-    return "unlimited" if r.unlimited or r.runway_s is None else f"{r.runway_s:,.1f}s"
+def duration(seconds: float) -> str:
+    """Seconds as a person reads them: 45s, 3m20s, 2h05m, 3d04h."""
+    if seconds < 1:
+        return "under 1s"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def money_lasts(r: Runway) -> str:
+    """How long the money (credits - charged) lasts at the current burn."""
+    if r.unspent <= 0:
+        return "spent"
+    if r.unlimited or r.money_runway_s is None:
+        return "no burn"
+    return duration(r.money_runway_s)
 
 
 def runway_table(r: Runway) -> Table:
     t = Table(title=f"runway of {r.tenant}")
-    for col in ("credits", "charged", "reserved", "remaining", "burn/s", "runway", "GPUs"):
+    for col in ("credits", "charged", "reserved", "free to reserve", "burn/s", "money lasts",
+                "GPUs"):
         t.add_column(col, justify="right")
-    t.add_row(money(r.credits), money(r.charged), money(r.reserved), money(r.remaining),
-              money(r.burn_per_s), runway_text(r), str(r.running_gpus))
+    t.add_row(money(r.credits), money(r.charged), money(r.reserved),
+              money(r.free_to_reserve), money(r.burn_per_s), money_lasts(r),
+              str(r.running_gpus))
     return t
+
+
+def runway_lines(r: Runway) -> list[str]:
+    """The two figures a person asks for, in words that cannot be misread: how long
+    the money lasts, and what is still free to reserve."""
+    unspent = money(r.unspent)
+    if r.unspent <= 0:
+        spend = f"money: spent ({money(r.charged)} charged of {money(r.credits)} credits)"
+    elif r.unlimited or r.money_runway_s is None:
+        spend = f"money: {unspent} left; nothing is running, so none is being spent"
+    else:
+        gpus = f"{r.running_gpus} GPU{'' if r.running_gpus == 1 else 's'}"
+        spend = (f"money lasts {duration(r.money_runway_s)} at the current burn "
+                 f"({money(r.burn_per_s)}/s on {gpus}): {unspent} of "
+                 f"{money(r.credits)} credits left")
+    free = f"free to reserve {money(r.free_to_reserve)} of {money(max(r.unspent, Decimal(0)))}"
+    if r.reserved > 0:
+        free += f" ({money(r.reserved)} reserved by admitted jobs)"
+    return [spend, free]
+
+
+def runway_parts(r: Runway) -> list[RenderableType]:
+    return [runway_table(r), *runway_lines(r)]
 
 
 def _quota(q: Mapping[str, int]) -> str:
@@ -96,15 +181,17 @@ def job_table(j: Job) -> Table:
     return t
 
 
-def usage_table(rows: Iterable[UsageRow], title: str = "ledger rows") -> Table:
+def usage_table(rows: Iterable[UsageRow], title: str = "ledger rows", *,
+                cause: bool = False) -> Table:
     t = Table(title=title)
-    for col in ("row", "workload", "flavor", "gpus", "start", "end", "GPU-s", "price/GPU-s",
-                "cost"):
+    cols = ["row", "workload", "flavor", "gpus", "start", "end", "GPU-s", "price/GPU-s",
+            "cost"] + (["cause"] if cause else [])
+    for col in cols:
         t.add_column(col, justify="right" if col in ("row", "gpus", "GPU-s", "cost") else "left")
     for r in rows:
         t.add_row(str(r.row_id), cell(r.workload_id), cell(r.flavor), str(r.gpus),
                   when(r.start), when(r.end), f"{r.gpu_us / 1e6:,.6f}",
-                  money(r.price_per_gpu_s), money(r.cost))
+                  money(r.price_per_gpu_s), money(r.cost), *([cell(r.cause_id)] if cause else []))
     return t
 
 

@@ -13,8 +13,8 @@ from rich.markup import escape
 from kestrel.cli import render
 from kestrel.cli._common import (
     AsJson,
+    OutputOpt,
     client,
-    console,
     err_console,
     parse_duration,
     parse_pairs,
@@ -47,7 +47,7 @@ def submit(ctx: typer.Context,
                help="simulated run time on a fake GPU node")] = 0,
            idempotency_key: Annotated[str, typer.Option(
                "--idempotency-key", help="the same key returns the same job")] = "",
-           as_json: AsJson = False) -> None:
+           as_json: AsJson = False, output: OutputOpt = None) -> None:
     """Submit a job. It is admitted, held or rejected against the tenant's runway."""
     labels = parse_pairs(label or [], "--label")
     with client(ctx) as c:
@@ -55,47 +55,37 @@ def submit(ctx: typer.Context,
                            image=image, command=tuple(command or ()), priority=priority,
                            labels=labels, sim_duration_s=sim_duration,
                            idempotency_key=idempotency_key)
-    if want_json(ctx, as_json):
-        print_json(job)
-    else:
-        console.print(render.job_table(job))
+    render.show(ctx, job, lambda: [render.job_table(job)], as_json=as_json, output=output)
 
 
 def jobs(ctx: typer.Context,
          state: Annotated[list[str] | None, typer.Option(
              "--state", help="only jobs in this state, repeatable: held, running, ...")] = None,
          limit: Annotated[int, typer.Option(min=1, help="show at most N jobs")] = 100,
-         as_json: AsJson = False) -> None:
+         as_json: AsJson = False, output: OutputOpt = None) -> None:
     """The tenant's jobs."""
     states = parse_states(state or [])
     with client(ctx) as c:
         found = list(itertools.islice(c.list_jobs(states, page_size=min(limit, 1000)), limit))
-    if want_json(ctx, as_json):
-        print_json(found)
-    else:
-        console.print(render.jobs_table(found))
+    render.show(ctx, found, lambda: [render.jobs_table(found)], as_json=as_json,
+                output=output)
 
 
-def job(ctx: typer.Context, job_id: JobId, as_json: AsJson = False) -> None:
+def job(ctx: typer.Context, job_id: JobId, as_json: AsJson = False,
+        output: OutputOpt = None) -> None:
     """One job in detail."""
     with client(ctx) as c:
         j = c.get_job(job_id)
-    if want_json(ctx, as_json):
-        print_json(j)
-    else:
-        console.print(render.job_table(j))
+    render.show(ctx, j, lambda: [render.job_table(j)], as_json=as_json, output=output)
 
 
 def cancel(ctx: typer.Context, job_id: JobId,
            reason: Annotated[str, typer.Option(help="why, shown on the job")] = "",
-           as_json: AsJson = False) -> None:
+           as_json: AsJson = False, output: OutputOpt = None) -> None:
     """Cancel a job; its unused reservation returns to the runway."""
     with client(ctx) as c:
         j = c.cancel_job(job_id, reason)
-    if want_json(ctx, as_json):
-        print_json(j)
-    else:
-        console.print(render.job_table(j))
+    render.show(ctx, j, lambda: [render.job_table(j)], as_json=as_json, output=output)
 
 
 def _change_line(j: Job) -> str:
@@ -107,11 +97,13 @@ def _change_line(j: Job) -> str:
 
 def watch(ctx: typer.Context, job_id: JobId,
           as_json: Annotated[bool, typer.Option(
-              "--json", help="one JSON object per line")] = False) -> None:
+              "--json", help="one JSON object per line (same as -o json)")] = False,
+          output: OutputOpt = None) -> None:
     """Print each state change of a job until it ends.
 
     Ends at succeeded, failed, cancelled, evicted or rejected."""
-    json_lines = want_json(ctx, as_json)
+    json_lines = want_json(ctx, as_json, output)
+    console = render.out()
     last: Job | None = None
     with client(ctx) as c:
         for snapshot in c.watch_job(job_id):
@@ -131,14 +123,12 @@ def watch(ctx: typer.Context, job_id: JobId,
         raise typer.Exit(1)
 
 
-def runway(ctx: typer.Context, as_json: AsJson = False) -> None:
-    """The tenant's runway: credits, charged, reserved, remaining, burn and time left."""
+def runway(ctx: typer.Context, as_json: AsJson = False, output: OutputOpt = None) -> None:
+    """The tenant's budget: how long the money lasts at the current burn, and what is
+    still free to reserve for new jobs (with credits, charged, reserved, burn)."""
     with client(ctx) as c:
         r = c.runway()
-    if want_json(ctx, as_json):
-        print_json(r)
-    else:
-        console.print(render.runway_table(r))
+    render.show(ctx, r, lambda: render.runway_parts(r), as_json=as_json, output=output)
 
 
 def usage(ctx: typer.Context,
@@ -148,12 +138,10 @@ def usage(ctx: typer.Context,
               "--end-us", min=0, help="rows starting before this instant (0: unbounded)")] = 0,
           workload: Annotated[str, typer.Option(help="only rows of this job/workload")] = "",
           limit: Annotated[int, typer.Option(min=1, help="show at most N rows")] = 100,
-          as_json: AsJson = False) -> None:
+          as_json: AsJson = False, output: OutputOpt = None) -> None:
     """The tenant's ledger rows (what was metered, oldest first)."""
     with client(ctx) as c:
         rows = list(itertools.islice(
             c.usage(start_us, end_us, workload, page_size=min(limit, 1000)), limit))
-    if want_json(ctx, as_json):
-        print_json(rows)
-    else:
-        console.print(render.usage_table(rows))
+    render.show(ctx, rows, lambda: [render.usage_table(rows)], as_json=as_json,
+                output=output)

@@ -3,6 +3,7 @@ client replaced by a fake that records calls and returns SDK dataclasses."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from decimal import Decimal
@@ -12,8 +13,10 @@ import grpc
 import pytest
 from typer.testing import CliRunner
 
-from kestrel.cli import _common, app
+from kestrel.cli import _common, app, render
+from kestrel.cli import meter as cli_meter
 from kestrel.sdk import (
+    ApiKey,
     ApiKeyCreated,
     InvalidArgument,
     Job,
@@ -23,7 +26,9 @@ from kestrel.sdk import (
     Tenant,
     TopUpResult,
     Unavailable,
+    UsageRow,
 )
+from kestrel.v1 import common_pb2, meter_pb2
 
 runner = CliRunner(env={"COLUMNS": "200"})  # wide: rich wraps nothing
 T0 = 1_700_000_000_000_000
@@ -53,6 +58,8 @@ class FakeClient:
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self.error: Exception | None = None
         self.watch: list[Job] = []
+        self.jobs: list[Job] = [job(), job(JobState.RUNNING)]
+        self.runway_figures = RUNWAY
 
     def _record(self, method: str, /, *args: Any, **kwargs: Any) -> None:
         self.calls.append((method, args, kwargs))
@@ -72,7 +79,7 @@ class FakeClient:
 
     def list_jobs(self, states: Any = (), page_size: int = 100) -> Iterator[Job]:
         self._record("list_jobs", list(states), page_size=page_size)
-        return iter([job(), job(JobState.RUNNING)])
+        return iter(self.jobs)
 
     def watch_job(self, job_id: str) -> Iterator[Job]:
         self._record("watch_job", job_id)
@@ -80,7 +87,7 @@ class FakeClient:
 
     def runway(self) -> Runway:
         self._record("runway")
-        return RUNWAY
+        return self.runway_figures
 
     def create_api_key(self, tenant: str, name: str) -> ApiKeyCreated:
         self._record("create_api_key", tenant, name)
@@ -102,6 +109,36 @@ class FakeClient:
                note: str = "") -> TopUpResult:
         self._record("top_up", tenant, amount, top_up_id, note)
         return TopUpResult(applied=True, runway=RUNWAY)
+
+    def adjust_credits(self, tenant: str, amount: str, note: str,
+                       adjust_id: str | None = None) -> TopUpResult:
+        self._record("adjust_credits", tenant, amount, note, adjust_id)
+        return TopUpResult(applied=True, runway=RUNWAY)
+
+    def get_tenant(self, tenant: str) -> Tenant:
+        self._record("get_tenant", tenant)
+        return Tenant(tenant=tenant, display_name="", gpu_quota={}, rate_per_s=1, burst=1,
+                      suspended=False, created_us=T0, runway=RUNWAY)
+
+    def list_tenants(self) -> Iterator[Tenant]:
+        self._record("list_tenants")
+        return iter([self.get_tenant("acme")])
+
+    def cancel_job(self, job_id: str, reason: str = "") -> Job:
+        self._record("cancel_job", job_id, reason)
+        return job(JobState.CANCELLED, reason)
+
+    def revoke_api_key(self, key_id: str) -> ApiKey:
+        self._record("revoke_api_key", key_id)
+        return ApiKey(key_id=key_id, tenant="acme", name="ci", created_us=T0, revoked_us=T0)
+
+    def usage(self, start_us: int = 0, end_us: int = 0, workload: str = "",
+              page_size: int = 100) -> Iterator[UsageRow]:
+        self._record("usage", start_us, end_us, workload)
+        return iter([UsageRow(row_id=1, tenant="acme", workload_id="j-1", flavor="gpu-h100",
+                              gpus=2, start_us=T0, end_us=T0 + 1_000_000, gpu_us=2_000_000,
+                              price_per_gpu_s=Decimal("0.01"), cost=Decimal("0.02"),
+                              cause_id="tick-1/j-1", recorded_us=T0)])
 
 
 @pytest.fixture
@@ -288,3 +325,166 @@ def test_top_up_goes_through_the_sdk(fake: FakeClient) -> None:
     assert result.exit_code == 0
     assert fake.calls == [("top_up", ("acme", "50", "t-1", ""), {})]
     assert "applied" in result.stdout
+
+
+# --- issue 10 #8: a fully reserved budget is not "out of money" ------------------------
+
+FULLY_RESERVED = Runway(tenant="acme", credits=Decimal("10"), charged=Decimal("0"),
+                        reserved=Decimal("10"), remaining=Decimal("0"),
+                        burn_per_s=Decimal("0.05"), runway_s=0.0, unlimited=False,
+                        running_gpus=1, as_of_us=T0, ledger_seq=3, remaining_bp=0,
+                        money_runway_s=200.0, free_to_reserve=Decimal("0"))
+
+
+def test_a_fully_reserved_runway_says_how_long_the_money_lasts_and_what_is_free(
+        fake: FakeClient) -> None:
+    fake.runway_figures = FULLY_RESERVED
+    result = runner.invoke(app, ["runway"])
+    assert result.exit_code == 0, result.output
+    assert "money lasts 3m20s at the current burn" in result.stdout
+    assert "free to reserve 0 of 10 (10 reserved by admitted jobs)" in result.stdout
+    assert "0.0s" not in result.stdout  # the old "runway 0.0s"
+
+
+class FakeMeter:
+    """Stands in for kestrel.v1.MeterStub in `kestrel meter ...`."""
+
+    RUNWAY = common_pb2.Runway(tenant="acme", credits="10", charged="0", reserved="10",
+                               remaining="0", burn_per_s="0.05", runway_s=0.0,
+                               money_runway_s=200.0, free_to_reserve="0", running_gpus=1)
+
+    def GetRunway(self, req: Any, timeout: float) -> Any:
+        return meter_pb2.GetRunwayResponse(runway=self.RUNWAY)
+
+    def TopUp(self, req: Any, timeout: float) -> Any:
+        return meter_pb2.TopUpResponse(runway=self.RUNWAY, applied=True)
+
+    def CreateAccount(self, req: Any, timeout: float) -> Any:
+        return meter_pb2.CreateAccountResponse(runway=self.RUNWAY, created=True)
+
+    def GetTenantSummary(self, req: Any, timeout: float) -> Any:
+        return meter_pb2.GetTenantSummaryResponse(runway=self.RUNWAY, flavors=[
+            meter_pb2.FlavorUsage(flavor="gpu-h100", gpu_us=2_000_000, cost="0.02", rows=1)])
+
+    def ListPrices(self, req: Any, timeout: float) -> Any:
+        return meter_pb2.ListPricesResponse(prices=[meter_pb2.Price(
+            flavor="gpu-h100", price_per_gpu_s="0.01", price_per_gpu_h="36")])
+
+    def ListUsage(self, req: Any, timeout: float) -> Any:
+        return meter_pb2.ListUsageResponse(rows=[meter_pb2.UsageRow(
+            row_id=1, tenant="acme", workload_id="j-1", flavor="gpu-h100", gpus=2,
+            start_us=T0, end_us=T0 + 1_000_000, gpu_us=2_000_000, price_per_gpu_s="0.01",
+            cost="0.02", cause_id="tick-1/j-1")])
+
+
+@pytest.fixture
+def fake_meter(monkeypatch: pytest.MonkeyPatch) -> FakeMeter:
+    stub = FakeMeter()
+    monkeypatch.setattr(cli_meter, "_meter", lambda addr: stub)
+    return stub
+
+
+def test_the_meter_runway_words_a_fully_reserved_budget_the_same_way(
+        fake_meter: FakeMeter) -> None:
+    result = runner.invoke(app, ["meter", "runway", "acme"])
+    assert result.exit_code == 0, result.output
+    assert "money lasts 3m20s at the current burn" in result.stdout
+    assert "free to reserve 0 of 10" in result.stdout and "0.0s" not in result.stdout
+    data = json.loads(runner.invoke(app, ["meter", "runway", "acme", "-o", "json"]).stdout)
+    assert (data["runway"]["money_runway_s"], data["runway"]["free_to_reserve"]) == (200.0, "0")
+    assert data["runway"]["runway_s"] == 0.0  # zero fields are printed, not left out
+
+
+@pytest.mark.parametrize(("figures", "line"), [
+    (dict(charged=Decimal("10.5"), reserved=Decimal(0), remaining=Decimal("-0.5"),
+          money_runway_s=0.0), "money: spent (10.5 charged of 10 credits)"),
+    (dict(burn_per_s=Decimal(0), unlimited=True, runway_s=None, money_runway_s=None,
+          running_gpus=0), "money: 10 left; nothing is running, so none is being spent"),
+    (dict(money_runway_s=7_500.0, running_gpus=2), "money lasts 2h05m at the current burn "
+                                                   "(0.05/s on 2 GPUs): 10 of 10 credits left"),
+])
+def test_the_money_line_for_spent_idle_and_burning_budgets(
+        figures: dict[str, Any], line: str) -> None:
+    assert render.runway_lines(dataclasses.replace(FULLY_RESERVED, **figures))[0] == line
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (0.4, "under 1s"), (45.9, "45s"), (200, "3m20s"), (7_500, "2h05m"), (273_600, "3d04h")])
+def test_durations_read_as_a_person_says_them(seconds: float, text: str) -> None:
+    assert render.duration(seconds) == text
+
+
+# --- issue 10 #9: negative amounts, tables for scripts, -o json ---------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["adjust", "acme", "-0.6", "--note", "x"],
+    ["adjust", "acme", "--note", "x", "-0.6"],
+    ["adjust", "--note", "x", "acme", "-0.6"],
+])
+def test_adjust_takes_a_negative_amount_as_its_help_says(
+        fake: FakeClient, argv: list[str]) -> None:
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert fake.calls == [("adjust_credits", ("acme", "-0.6", "x", None), {})]
+    assert "applied" in result.stdout
+
+
+def test_adjust_still_refuses_what_is_not_a_signed_amount(fake: FakeClient) -> None:
+    bad = runner.invoke(app, ["adjust", "acme", "-x", "--note", "n"])
+    assert bad.exit_code == 2 and "'-x' is not a signed decimal" in bad.output
+    no_note = runner.invoke(app, ["adjust", "acme", "-5", "--nte", "n"])
+    assert no_note.exit_code == 2 and "--note" in no_note.output
+    raised = runner.invoke(app, ["adjust", "acme", "+20", "--note", "n"])
+    assert raised.exit_code == 0, raised.output
+    assert fake.calls == [("adjust_credits", ("acme", "+20", "n", None), {})]
+    assert "-50 lowers the budget" in runner.invoke(app, ["adjust", "--help"]).stdout
+
+
+LONG_REASON = ("needs 96 credits (8 GPU x 1200 s x 0.01 on gpu-h100), 3.5 remain; held until "
+               "a top-up or a reservation frees")
+
+
+def test_tables_are_never_cut_when_stdout_is_not_a_terminal(fake: FakeClient) -> None:
+    fake.jobs = [job(reason=LONG_REASON)]
+    result = CliRunner().invoke(app, ["jobs"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert LONG_REASON in result.stdout and "…" not in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) > 80
+
+
+def test_on_a_terminal_tables_fit_it_unless_wide_is_asked(
+        fake: FakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(render, "_stdout_is_terminal", lambda: True)
+    fake.jobs = [job(reason=LONG_REASON)]
+    fitted = CliRunner().invoke(app, ["jobs"], env={"COLUMNS": "80"})
+    assert LONG_REASON not in fitted.stdout
+    assert max(len(line) for line in fitted.stdout.splitlines()) <= 80
+    wide = CliRunner().invoke(app, ["jobs", "-o", "wide"], env={"COLUMNS": "80"})
+    assert LONG_REASON in wide.stdout and "…" not in wide.stdout
+
+
+@pytest.mark.parametrize("argv", [
+    ["jobs"], ["job", "j-1"], ["cancel", "j-1"], ["runway"], ["usage"],
+    ["submit", "--name", "x", "--gpus", "1", "--max-duration", "60"],
+    ["tenants", "list"], ["tenants", "get", "acme"], ["tenants", "create", "acme"],
+    ["tenants", "suspend", "acme"], ["tenants", "resume", "acme"],
+    ["keys", "create", "acme"], ["keys", "revoke", "k1"],
+    ["top-up", "acme", "5"], ["adjust", "acme", "-5", "--note", "n"],
+    ["meter", "runway", "acme"], ["meter", "usage", "acme"], ["meter", "top-up", "acme", "5"],
+    ["meter", "account", "acme"], ["meter", "summary", "acme"], ["meter", "prices"],
+])
+@pytest.mark.parametrize("how", ["-o", "--output", "global"])
+def test_every_listing_and_show_command_prints_json_with_output_json(
+        fake: FakeClient, fake_meter: FakeMeter, argv: list[str], how: str) -> None:
+    args = ["-o", "json", *argv] if how == "global" else [*argv, how, "json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert isinstance(json.loads(result.stdout), dict | list)
+
+
+def test_watch_prints_json_lines_with_output_json(fake: FakeClient) -> None:
+    fake.watch = [job(), job(JobState.SUCCEEDED, "completed")]
+    result = runner.invoke(app, ["watch", "j-1", "-o", "json"])
+    assert [json.loads(x)["state"] for x in result.stdout.splitlines()] == [
+        "HELD", "SUCCEEDED"]
