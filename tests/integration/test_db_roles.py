@@ -232,7 +232,8 @@ async def test_provisioning_adopts_a_database_the_superuser_migrated(
         await su.close()
     owner = await asyncpg.connect(role_dsn(OWNER_ROLE))
     try:
-        assert await migrate(owner, "meter", METER_MIGRATIONS) == ["0005_roles.sql"]
+        assert await migrate(owner, "meter", METER_MIGRATIONS) == [
+            "0005_roles.sql", "0006_ledger_chain.sql"]
     finally:
         await owner.close()
     meter = await asyncpg.connect(role_dsn(SERVICE_ROLES["meter"]))

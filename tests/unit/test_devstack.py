@@ -41,3 +41,16 @@ def test_ports_handed_out_together_are_distinct() -> None:
     names = [f"service-{i}" for i in range(64)]
     ports = port_map(*names)
     assert list(ports) == names and len(set(ports.values())) == len(names)
+
+
+def test_a_stacks_env_gives_each_service_its_own_role_and_nothing_the_superuser() -> None:
+    s = Stack(Path("/nonexistent"), pg_port=5555,
+              passwords={"kestrel_meter": "m", "kestrel_reader": "r", "postgres": "su"})
+    env = s.env()
+    assert env["KESTREL_METER_POSTGRES_DSN"] == "postgresql://kestrel_meter:m@127.0.0.1:5555/kestrel"
+    for svc in ("ADMISSION", "GATEWAY", "PLACER"):
+        assert f"kestrel_{svc.lower()}@" in env[f"KESTREL_{svc}_POSTGRES_DSN"]
+    assert env["KESTREL_POSTGRES_OWNER_DSN"].startswith("postgresql://kestrel_owner")
+    assert env["KESTREL_POSTGRES_DSN"] == env["KESTREL_POSTGRES_READER_DSN"] == s.postgres_dsn
+    assert not any("postgres:" in v or "//postgres@" in v for v in env.values())
+    assert s.postgres_admin_dsn == "postgresql://postgres:su@127.0.0.1:5555/postgres"
