@@ -133,6 +133,10 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Answers INVALID_ARGUMENT for a request that does not decode, for every unary-request
     method of the server (Kestrel's, health's); grpc's own answer would be UNKNOWN."""
 
+    def __init__(self) -> None:
+        # Registered handlers are fixed: each is guarded once, not on every call.
+        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
     async def intercept_service(
             self, continuation: Callable[[grpc.HandlerCallDetails],
                                          Awaitable[grpc.RpcMethodHandler]],
@@ -141,6 +145,15 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None or handler.request_streaming:
             return handler
         name = handler_call_details.method
+        cached = self._guarded.get(name)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        guarded = self._guard(name, handler)
+        self._guarded[name] = (handler, guarded)
+        return guarded
+
+    @staticmethod
+    def _guard(name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         if handler.unary_unary is not None:
             unary = handler.unary_unary
             if not inspect.iscoroutinefunction(unary):

@@ -244,6 +244,7 @@ async def test_the_decode_guard_answers_invalid_argument_for_unary_and_streaming
             return h
 
         guarded = await guard.intercept_service(continuation, _Details("/x/Y"))
+        assert await guard.intercept_service(continuation, _Details("/x/Y")) is guarded
         request = guarded.request_deserializer(b"\x0a\x02\xff\xfe")
         ctx = FakeContext()
         with pytest.raises(AbortCalled):
