@@ -140,16 +140,16 @@ def parse_pairs(values: Iterable[str], option: str) -> dict[str, str]:
     return out
 
 
-def parse_quota(values: Iterable[str]) -> dict[str, int]:
+def parse_quota(values: Iterable[str], option: str = "--quota") -> dict[str, int]:
     out: dict[str, int] = {}
-    for flavor, count in parse_pairs(values, "--quota").items():
+    for flavor, count in parse_pairs(values, option).items():
         try:
             n = int(count)
         except ValueError:
             n = -1
         if n < 0:
             raise typer.BadParameter(f"{flavor}={count!r}: the GPU count must be a whole "
-                                     "number >= 0", param_hint="--quota")
+                                     "number >= 0", param_hint=option)
         out[flavor] = n
     return out
 

@@ -41,7 +41,12 @@ def create(ctx: typer.Context, tenant: TenantArg,
                "--credits", help="first credits, a decimal (none when omitted)")] = "",
            quota: Annotated[list[str] | None, typer.Option(
                "--quota", metavar="FLAVOR=GPUS",
-               help="GPU quota per flavor, repeatable: --quota gpu-h100=8")] = None,
+               help="GPU quota per flavor, repeatable: --quota gpu-h100=8; a cap unless "
+                    "--borrow lets the tenant go beyond it")] = None,
+           borrow: Annotated[list[str] | None, typer.Option(
+               "--borrow", metavar="FLAVOR=GPUS",
+               help="GPUs it may borrow beyond its quota from other tenants' idle quota, "
+                    "repeatable: --borrow gpu-h100=8 (default: none)")] = None,
            rate_per_s: Annotated[float, typer.Option(
                "--rate", help="API requests per second (token bucket rate)")] = 10.0,
            burst: Annotated[int, typer.Option(help="API request burst")] = 20,
@@ -49,9 +54,11 @@ def create(ctx: typer.Context, tenant: TenantArg,
            as_json: AsJson = False, output: OutputOpt = None) -> None:
     """Create TENANT with its GPU quota, API rate limit and first credits."""
     gpu_quota = parse_quota(quota or [])
+    gpu_borrow = parse_quota(borrow or [], "--borrow")
     with client(ctx) as c:
         t = c.create_tenant(tenant, display_name=display_name, gpu_quota=gpu_quota,
-                            rate_per_s=rate_per_s, burst=burst, initial_credits=credits)
+                            rate_per_s=rate_per_s, burst=burst, initial_credits=credits,
+                            gpu_borrow=gpu_borrow)
     _show_tenant(ctx, t, as_json, output)
 
 

@@ -138,7 +138,8 @@ def tenants_table(tenants: Iterable[Tenant], title: str = "tenants") -> Table:
     for col in ("tenant", "name", "GPU quota", "rate/s", "burst", "status", "created"):
         t.add_column(col)
     for x in tenants:
-        t.add_row(cell(x.tenant), cell(x.display_name), cell(_quota(x.gpu_quota)),
+        borrow = f" (may borrow {_quota(x.gpu_borrow)})" if x.gpu_borrow else ""
+        t.add_row(cell(x.tenant), cell(x.display_name), cell(_quota(x.gpu_quota) + borrow),
                   f"{x.rate_per_s:g}", str(x.burst),
                   "[red]suspended[/]" if x.suspended else "[green]active[/]",
                   when(x.created_at))

@@ -157,6 +157,8 @@ class Tenant:
     created_us: int
     # Filled by get_tenant/create_tenant; list_tenants leaves it None.
     runway: Runway | None = None
+    # GPUs per flavor it may borrow beyond gpu_quota (none: the quota is a cap).
+    gpu_borrow: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def created_at(self) -> datetime | None:
@@ -168,7 +170,8 @@ class Tenant:
                    gpu_quota=dict(sorted(m.gpu_quota.items())),
                    rate_per_s=m.rate_limit.per_s, burst=m.rate_limit.burst,
                    suspended=m.suspended, created_us=m.created_us,
-                   runway=Runway.from_pb(runway) if runway is not None else None)
+                   runway=Runway.from_pb(runway) if runway is not None else None,
+                   gpu_borrow=dict(sorted(m.gpu_borrow.items())))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,11 +345,12 @@ class UsageRow:
 
 def create_tenant_request(tenant: str, *, display_name: str, gpu_quota: Mapping[str, int],
                           rate_per_s: float, burst: int,
-                          initial_credits: Decimal | str | int
+                          initial_credits: Decimal | str | int,
+                          gpu_borrow: Mapping[str, int] | None = None
                           ) -> gateway_pb2.CreateTenantRequest:
     return gateway_pb2.CreateTenantRequest(
         tenant=gateway_pb2.Tenant(tenant=tenant, display_name=display_name,
-                                  gpu_quota=dict(gpu_quota),
+                                  gpu_quota=dict(gpu_quota), gpu_borrow=dict(gpu_borrow or {}),
                                   rate_limit=gateway_pb2.RateLimit(per_s=rate_per_s,
                                                                    burst=burst)),
         initial_credits=money_text(initial_credits))

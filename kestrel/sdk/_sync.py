@@ -73,10 +73,11 @@ class Client:
 
     def create_tenant(self, tenant: str, *, display_name: str = "",
                       gpu_quota: Mapping[str, int], rate_per_s: float, burst: int,
-                      initial_credits: Decimal | str) -> Tenant:
+                      initial_credits: Decimal | str,
+                      gpu_borrow: Mapping[str, int] | None = None) -> Tenant:
         req = create_tenant_request(tenant, display_name=display_name, gpu_quota=gpu_quota,
                                     rate_per_s=rate_per_s, burst=burst,
-                                    initial_credits=initial_credits)
+                                    initial_credits=initial_credits, gpu_borrow=gpu_borrow)
         resp = self._call(self._stub.CreateTenant, req, operator=True)
         return Tenant.from_pb(resp.tenant, resp.runway if resp.HasField("runway") else None)
 

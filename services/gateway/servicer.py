@@ -72,7 +72,7 @@ DEFAULT_RATE, DEFAULT_BURST = 50.0, 100
 
 def _tenant_wire(p: Profile) -> gateway_pb2.Tenant:
     return gateway_pb2.Tenant(tenant=p.tenant, display_name=p.display_name,
-                              gpu_quota=p.gpu_quota,
+                              gpu_quota=p.gpu_quota, gpu_borrow=p.gpu_borrow,
                               rate_limit=gateway_pb2.RateLimit(per_s=p.rate_per_s, burst=p.burst),
                               suspended=p.suspended, created_us=p.created_us)
 
@@ -193,8 +193,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             return
         try:
             await self.placer.EnsureTenant(placer_pb2.EnsureTenantRequest(
-                tenant=p.tenant, quota=[placer_pb2.FlavorQuota(flavor=f, gpus=g)
-                                        for f, g in sorted(p.gpu_quota.items())]), timeout=10)
+                tenant=p.tenant, quota=[
+                    placer_pb2.FlavorQuota(flavor=f, gpus=p.gpu_quota.get(f, 0),
+                                           borrow_gpus=p.gpu_borrow.get(f, 0))
+                    for f in sorted(set(p.gpu_quota) | set(p.gpu_borrow))]), timeout=10)
         except grpc.aio.AioRpcError as err:
             log.warning("placer EnsureTenant(%s): %s %s", p.tenant, err.code().name,
                         err.details())
@@ -212,7 +214,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         rate = t.rate_limit if t.HasField("rate_limit") else None
         profile = Profile(t.tenant, t.display_name, dict(t.gpu_quota),
                           rate.per_s if rate else DEFAULT_RATE,
-                          rate.burst if rate else DEFAULT_BURST, False, now_us())
+                          rate.burst if rate else DEFAULT_BURST, False, now_us(),
+                          dict(t.gpu_borrow))
         if await self.store.profile(t.tenant) is not None:
             raise AlreadyExists(f"tenant {t.tenant!r} exists")
         account = await _call(self.meter.CreateAccount(meter_pb2.CreateAccountRequest(
@@ -271,6 +274,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         updated = await self.store.update_profile(replace(
             p, display_name=t.display_name or p.display_name,
             gpu_quota=dict(t.gpu_quota) or p.gpu_quota,
+            gpu_borrow={**p.gpu_borrow, **t.gpu_borrow} if t.gpu_borrow else p.gpu_borrow,
             rate_per_s=rate.per_s if rate else p.rate_per_s,
             burst=rate.burst if rate else p.burst))
         assert updated is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
@@ -25,6 +25,7 @@ class Profile:
     burst: int
     suspended: bool
     created_us: int
+    gpu_borrow: dict[str, int] = field(default_factory=dict)  # GPUs beyond the quota
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class KeyRow:
 
 def _profile(r: asyncpg.Record) -> Profile:
     return Profile(r["tenant"], r["display_name"], dict(json.loads(r["gpu_quota"])),
-                   r["rate_per_s"], r["burst"], r["suspended"], r["created_us"])
+                   r["rate_per_s"], r["burst"], r["suspended"], r["created_us"],
+                   dict(json.loads(r["gpu_borrow"])))
 
 
 def _key(r: asyncpg.Record) -> KeyRow:
@@ -62,9 +64,11 @@ class GatewayStore:
 
     async def insert_profile(self, p: Profile) -> bool:
         status = await self.pool.execute("""
-            INSERT INTO tenant_profiles VALUES ($1, $2, $3, $4, $5, $6, $7)
+            INSERT INTO tenant_profiles (tenant, display_name, gpu_quota, rate_per_s, burst,
+                                         suspended, created_us, gpu_borrow)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
             ON CONFLICT DO NOTHING""", p.tenant, p.display_name, json.dumps(p.gpu_quota),
-            p.rate_per_s, p.burst, p.suspended, p.created_us)
+            p.rate_per_s, p.burst, p.suspended, p.created_us, json.dumps(p.gpu_borrow))
         return bool(status.endswith(" 1"))
 
     async def profile(self, tenant: str) -> Profile | None:
@@ -80,9 +84,9 @@ class GatewayStore:
     async def update_profile(self, p: Profile) -> Profile | None:
         r = await self.pool.fetchrow("""
             UPDATE tenant_profiles SET display_name = $2, gpu_quota = $3, rate_per_s = $4,
-                   burst = $5, suspended = $6
+                   burst = $5, suspended = $6, gpu_borrow = $7
             WHERE tenant = $1 RETURNING *""", p.tenant, p.display_name, json.dumps(p.gpu_quota),
-            p.rate_per_s, p.burst, p.suspended)
+            p.rate_per_s, p.burst, p.suspended, json.dumps(p.gpu_borrow))
         return _profile(r) if r else None
 
     # --- keys ----------------------------------------------------------------

@@ -88,11 +88,12 @@ def check_tenant(v: Violations, t: gateway_pb2.Tenant, flavors: Collection[str],
         v.add(f"{prefix}.tenant", p)
     if not printable(t.display_name, 100):
         v.add(f"{prefix}.display_name", "must be at most 100 printable characters")
-    for flavor, gpus in t.gpu_quota.items():
-        if flavor not in flavors:
-            v.add(f"{prefix}.gpu_quota[{flavor[:64]!r}]", "unknown flavor")
-        elif not 0 <= gpus <= 100_000:
-            v.add(f"{prefix}.gpu_quota[{flavor}]", "must be between 0 and 100000 GPUs")
+    for name, gpus_of in (("gpu_quota", t.gpu_quota), ("gpu_borrow", t.gpu_borrow)):
+        for flavor, gpus in gpus_of.items():
+            if flavor not in flavors:
+                v.add(f"{prefix}.{name}[{flavor[:64]!r}]", "unknown flavor")
+            elif not 0 <= gpus <= 100_000:
+                v.add(f"{prefix}.{name}[{flavor}]", "must be between 0 and 100000 GPUs")
     if t.HasField("rate_limit"):
         if not 0 < t.rate_limit.per_s <= 100_000:
             v.add(f"{prefix}.rate_limit.per_s", "must be above 0 and at most 100000")

@@ -127,6 +127,26 @@ async def test_a_job_that_can_never_fit_is_rejected(api: Api, name: str, kwargs:
     assert await api.db.fetchval("SELECT count(*) FROM reservations") == 0
 
 
+async def test_an_explicit_borrow_raises_what_a_tenant_may_hold_and_is_kept(api: Api) -> None:
+    """Quota is a cap; the operator's --borrow is the one way past it."""
+    await api.stub.CreateTenant(gateway_pb2.CreateTenantRequest(
+        tenant=gateway_pb2.Tenant(tenant="lender", gpu_quota={"gpu-h100": 2},
+                                  gpu_borrow={"gpu-h100": 4}),
+        initial_credits="100"), metadata=OP)
+    key = (("authorization", "Bearer " + (await api.stub.CreateApiKey(
+        gateway_pb2.CreateApiKeyRequest(tenant="lender", name="t"), metadata=OP)).secret),)
+    assert (await api.submit(key, gpus=6)).state == S.JOB_STATE_ADMITTED  # 2 + 4
+    assert (await api.submit(key, gpus=7)).state == S.JOB_STATE_REJECTED
+    got = (await api.stub.GetTenant(gateway_pb2.GetTenantRequest(tenant="lender"),
+                                    metadata=OP)).tenant
+    assert (dict(got.gpu_quota), dict(got.gpu_borrow)) == ({"gpu-h100": 2}, {"gpu-h100": 4})
+    with pytest.raises(grpc.aio.AioRpcError) as bad:
+        await api.stub.CreateTenant(gateway_pb2.CreateTenantRequest(
+            tenant=gateway_pb2.Tenant(tenant="other", gpu_borrow={"gpu-x": 1})), metadata=OP)
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "gpu_borrow" in (bad.value.details() or "")
+
+
 async def test_racing_submissions_never_reserve_more_than_the_budget(api: Api) -> None:
     key = await api.tenant("race", "10")
     jobs = await asyncio.gather(*(api.submit(key) for _ in range(40)))

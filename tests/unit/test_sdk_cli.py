@@ -301,9 +301,19 @@ def test_tenants_create_parses_quota_and_passes_credits_as_text(fake: FakeClient
     _, args, kwargs = fake.calls[0]
     assert args == ("acme",)
     assert kwargs["gpu_quota"] == {"gpu-h100": 8, "gpu-a10": 4}
+    assert kwargs["gpu_borrow"] == {}  # the quota is a cap unless --borrow says otherwise
     assert (kwargs["rate_per_s"], kwargs["burst"]) == (2.5, 5)
     assert kwargs["initial_credits"] == "100.50"
     assert json.loads(result.stdout)["runway"]["credits"] == "100"
+
+
+def test_borrowing_beyond_the_quota_is_an_explicit_option(fake: FakeClient) -> None:
+    result = runner.invoke(app, ["tenants", "create", "acme", "--quota", "gpu-h100=4",
+                                 "--borrow", "gpu-h100=8"])
+    assert result.exit_code == 0, result.output
+    assert fake.calls[0][2]["gpu_borrow"] == {"gpu-h100": 8}
+    bad = runner.invoke(app, ["tenants", "create", "acme", "--borrow", "gpu-h100=-1"])
+    assert bad.exit_code == 2 and "--borrow" in bad.output
 
 
 def test_a_bad_quota_is_a_usage_error(fake: FakeClient) -> None:

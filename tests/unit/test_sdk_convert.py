@@ -178,6 +178,12 @@ def test_create_tenant_request_carries_quota_limits_and_credits() -> None:
     assert req.tenant.tenant == "acme" and dict(req.tenant.gpu_quota) == {"gpu-a10": 4}
     assert (req.tenant.rate_limit.per_s, req.tenant.rate_limit.burst) == (2.5, 5)
     assert req.initial_credits == "100.5"
+    assert dict(req.tenant.gpu_borrow) == {}
+    borrowing = create_tenant_request("acme", display_name="", gpu_quota={"gpu-a10": 4},
+                                      rate_per_s=1, burst=1, initial_credits="1",
+                                      gpu_borrow={"gpu-a10": 8})
+    assert dict(borrowing.tenant.gpu_borrow) == {"gpu-a10": 8}
+    assert Tenant.from_pb(borrowing.tenant).gpu_borrow == {"gpu-a10": 8}
 
 
 def test_submit_job_request_builds_the_spec_and_refuses_a_command_string() -> None:
