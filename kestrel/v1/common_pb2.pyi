@@ -217,7 +217,10 @@ class JobSpec(_message.Message):
     priority: _builtins.int
     """Higher runs first among HELD jobs."""
     sim_duration_s: _builtins.int
-    """Simulated run time on a fake (KWOK) GPU node; <= max_duration_s."""
+    """Simulated run time on a fake (KWOK) GPU node. 0: the job succeeds just inside
+    its bound (10% short of max_duration_s, 0.5 s to 60 s short). Longer than
+    max_duration_s: the Job's deadline fails it, as it would a real job.
+    """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
