@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from kestrel.v1 import events_pb2
 from services.placer.core import Placer
@@ -26,6 +27,7 @@ log = logging.getLogger("kestrel.placer.bus")
 
 DURABLE = "placer"
 STREAM = "KESTREL_JOBS"
+ACK_WAIT_S = 30  # a placement not acknowledged by then is delivered again
 
 
 async def follow_runway(js: JetStreamContext, placer: Placer, stop: asyncio.Event,
@@ -82,11 +84,34 @@ async def _handle(placer: Placer, msg: Msg) -> None:
     await msg.ack()
 
 
+async def take_over_in_flight(js: JetStreamContext) -> int:
+    """Hand out at once what a dead predecessor had fetched and not acknowledged.
+
+    The placer is the one consumer of admitted jobs. After a kill -9 the messages
+    the old process had fetched (up to a whole batch) stay pending on the durable
+    consumer until their ack wait expires (ACK_WAIT_S), and then come back one
+    timer at a time: a restarted placer sat idle for ~16 s, then placed ~7 jobs/s.
+    The stream keeps work until it is acknowledged (work-queue retention), so
+    deleting the durable consumer and creating it again delivers every
+    unacknowledged message at once. Placement is idempotent (one Job per job id),
+    so a message placed twice still makes one Job. Returns how many were pending."""
+    try:
+        info = await js.consumer_info(STREAM, DURABLE)
+    except NotFoundError:
+        return 0
+    pending = int(info.num_ack_pending or 0)
+    if pending:
+        await js.delete_consumer(STREAM, DURABLE)
+        log.info("%d admitted jobs were in flight in a previous placer: taken over", pending)
+    return pending
+
+
 async def consume_admitted(js: JetStreamContext, placer: Placer, stop: asyncio.Event,
                            batch: int = 64) -> None:
+    await take_over_in_flight(js)
     sub = await js.pull_subscribe(
         "kestrel.jobs.admitted.>", durable=DURABLE, stream=STREAM,
-        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1,
+        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=-1,
                               max_ack_pending=10_000))
     while not stop.is_set():
         try:
