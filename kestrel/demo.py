@@ -31,6 +31,7 @@ from rich.live import Live
 from rich.table import Table
 
 from kestrel import cluster
+from kestrel.cli import render
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
 from kestrel.sdk import AsyncClient, Job, JobState, Runway
@@ -121,13 +122,13 @@ class Demo:
 
     def render(self) -> Group:
         r = Table(title="runway (from the ledger, live)")
-        for col in ("tenant", "credits", "charged", "reserved", "remaining", "burn/s",
-                    "runway", "GPUs"):
+        for col in ("tenant", "credits", "charged", "reserved", "free to reserve", "burn/s",
+                    "money lasts", "GPUs"):
             r.add_column(col, justify="right")
         for tenant, w in sorted(self.runways.items()):
             r.add_row(tenant, f"{w.credits}", f"{w.charged:.4f}", f"{w.reserved:.4f}",
-                      f"{w.remaining:.4f}", f"{w.burn_per_s}",
-                      "∞" if w.unlimited else f"{w.runway_s or 0:,.1f}s", str(w.running_gpus))
+                      f"{w.free_to_reserve:.4f}", f"{w.burn_per_s}", render.money_lasts(w),
+                      str(w.running_gpus))
         j = Table(title="jobs (GPU nodes simulated by KWOK; Kubernetes and Kueue real)")
         for col in ("tenant", "job", "GPUs", "state", "flavor", "reserved"):
             j.add_column(col)
