@@ -218,7 +218,7 @@ class JobSpec(_message.Message):
     """Higher runs first among HELD jobs."""
     sim_duration_s: _builtins.int
     """Simulated run time on a fake (KWOK) GPU node. 0: the job succeeds just inside
-    its bound (10% short of max_duration_s, 0.5 s to 60 s short). Longer than
+    its bound (10% short of max_duration_s, 3 s to 60 s short). Longer than
     max_duration_s: the Job's deadline fails it, as it would a real job.
     """
     @_builtins.property

@@ -123,13 +123,15 @@ def simulated_run(max_duration_s: int, sim_duration_s: int) -> str:
 
     A declared simulated duration runs as declared (longer than the bound, it meets
     the Job's activeDeadlineSeconds and FAILS, as a real job would). Without one the
-    job finishes successfully just inside its bound: 10% short of max_duration_s, at
-    least 0.5 s and at most 60 s short, and never under half of it. Running the whole
-    bound would race the deadline and end FAILED by design."""
+    job finishes successfully inside its bound: 10% short of max_duration_s, at
+    least 3 s and at most 60 s short, never under half of it. The deadline counts
+    from the Job's start (Kueue unsuspends it), the run from the pod's start on its
+    KWOK node, a second or two later on this machine: running the whole bound would
+    race the deadline and end FAILED by design."""
     if sim_duration_s > 0:
         return f"{sim_duration_s}s"
     bound_ms = max_duration_s * 1000
-    short_ms = min(max(bound_ms // 10, 500), 60_000, bound_ms // 2)
+    short_ms = min(max(bound_ms // 10, 3_000), 60_000, bound_ms // 2)
     return f"{bound_ms - short_ms}ms"
 
 

@@ -337,9 +337,10 @@ def test_job_manifest_is_suspended_bounded_and_pinned_to_its_flavor() -> None:
 @pytest.mark.parametrize(("max_s", "sim_s", "want"), [
     (600, 0, "540000ms"),   # 10% short
     (3600, 0, "3540000ms"),  # at most a minute short
-    (10, 0, "9000ms"),
-    (3, 0, "2500ms"),       # at least half a second short
-    (1, 0, "500ms"),        # never under half the bound
+    (40, 0, "36000ms"),
+    (10, 0, "7000ms"),      # at least 3 s short: the pod starts after the Job does
+    (4, 0, "2000ms"),       # never under half the bound
+    (1, 0, "500ms"),
     (60, 5, "5s"),          # declared: as declared
     (10, 30, "30s"),        # declared past the bound: the deadline fails it, as it would
 ])
