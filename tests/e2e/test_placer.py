@@ -213,12 +213,17 @@ class Harness:
 
 
 @pytest.fixture
-async def placer_db(database: str) -> str:
-    """The meter's and the gateway's schema (prices, tenant_profiles) with two prices."""
+async def placer_db(database: str, role_dsn: Callable[[str], str]) -> str:
+    """The meter's and the gateway's schema (prices, tenant_profiles) with two prices,
+    migrated as the schema's owner, as the services do."""
+    owner = await asyncpg.create_pool(role_dsn("kestrel_owner"), min_size=1, max_size=2)
+    try:
+        await MeterStore(owner).migrate()
+        await GatewayStore(owner).migrate()
+    finally:
+        await owner.close()
     pool = await asyncpg.create_pool(database, min_size=1, max_size=2)
     try:
-        await MeterStore(pool).migrate()
-        await GatewayStore(pool).migrate()
         await pool.execute("INSERT INTO prices (flavor, price_per_gpu_s, effective_us) VALUES "
                            "('gpu-h100', 0.01, 1), ('gpu-a10', 0.001, 1)")
     finally:
@@ -234,9 +239,11 @@ async def js(clean_bus: str) -> AsyncIterator[JetStreamContext]:
 
 
 @pytest.fixture
-async def harness(clean_bus: str, placer_db: str, js: JetStreamContext, k8s: Any,
-                  tmp_path: Path) -> AsyncIterator[Harness]:
-    h = Harness({"KESTREL_NATS_URL": clean_bus}, placer_db, js, k8s, tmp_path)
+async def harness(service_env: dict[str, str], placer_db: str, js: JetStreamContext,
+                  k8s: Any, tmp_path: Path) -> AsyncIterator[Harness]:
+    # The placer connects as its own role (KESTREL_PLACER_POSTGRES_DSN); the harness
+    # seeds and inspects with the superuser's DSN.
+    h = Harness(service_env, placer_db, js, k8s, tmp_path)
     await h.events.start(js)
     try:
         yield h
