@@ -18,6 +18,10 @@ ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 JOB_ID_RE = re.compile(r"^job-[a-f0-9]{16}$")
 MAX_DURATION_S = 7 * 86_400
 MAX_LABELS = 32
+# The slowest rate limit: one call per 1000 s. Slower ones (1e-300/s passed the old
+# check) overflow the limiter's arithmetic in Redis and lock the tenant out.
+MIN_RATE_PER_S = 0.001
+MAX_RATE_PER_S = 100_000
 
 
 def printable(text: str, limit: int) -> bool:
@@ -95,8 +99,9 @@ def check_tenant(v: Violations, t: gateway_pb2.Tenant, flavors: Collection[str],
             elif not 0 <= gpus <= 100_000:
                 v.add(f"{prefix}.{name}[{flavor}]", "must be between 0 and 100000 GPUs")
     if t.HasField("rate_limit"):
-        if not 0 < t.rate_limit.per_s <= 100_000:
-            v.add(f"{prefix}.rate_limit.per_s", "must be above 0 and at most 100000")
+        if not MIN_RATE_PER_S <= t.rate_limit.per_s <= MAX_RATE_PER_S:
+            v.add(f"{prefix}.rate_limit.per_s",
+                  f"must be between {MIN_RATE_PER_S} and {MAX_RATE_PER_S} calls per second")
         if not 1 <= t.rate_limit.burst <= 100_000:
             v.add(f"{prefix}.rate_limit.burst", "must be between 1 and 100000")
 
