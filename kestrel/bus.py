@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 from google.protobuf import json_format
@@ -22,6 +22,7 @@ from nats.js.errors import BadRequestError
 
 from kestrel.service import pause_unless_stopped
 from kestrel.v1 import admission_pb2, common_pb2, events_pb2, meter_pb2
+from kestrel.validation import string_violations
 from kestrel.workloads import EventType
 
 log = logging.getLogger("kestrel.bus")
@@ -50,6 +51,10 @@ def subject_runway(tenant: str) -> str:
 
 def subject_endpoint_scaled(tenant: str, endpoint: str) -> str:
     return f"kestrel.endpoint.{tenant}.{endpoint}.scaled"
+
+
+def subject_deadletter(service: str) -> str:
+    return f"kestrel.deadletter.{service}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,9 @@ STREAMS = [
                max_msgs_per_subject=1),
     StreamSpec("KESTREL_ENDPOINTS", ["kestrel.endpoint.>"], RetentionPolicy.LIMITS,
                max_age_s=7 * 86400),
+    # Messages a durable consumer could not use, parked for an operator (`park`).
+    StreamSpec("KESTREL_DEADLETTER", ["kestrel.deadletter.>"], RetentionPolicy.LIMITS,
+               max_age_s=30 * 86400),
 ]
 
 
@@ -135,6 +143,79 @@ async def publish(js: JetStreamContext, subject: str, msg: Message, msg_id: str,
     """Publish to JetStream and wait for the stream's ack (durable once this returns)."""
     return await js.publish(subject, msg.SerializeToString(), timeout=ack_timeout_s,
                             headers=headers_for(msg, msg_id))
+
+
+# Dead letters: the original bytes, with these headers saying where they came from.
+DEADLETTER_SUBJECT_HEADER = "Kestrel-Deadletter-Subject"
+DEADLETTER_REASON_HEADER = "Kestrel-Deadletter-Reason"
+DEADLETTER_TYPE_HEADER = "Kestrel-Deadletter-Type"  # the original Kestrel-Type, if any
+DEADLETTER_SEQ_HEADER = "Kestrel-Deadletter-Seq"  # stream and sequence it was read at
+
+
+class Unusable(ValueError):
+    """A bus message a consumer cannot use as it is: it is parked, never retried."""
+
+
+M = TypeVar("M", bound=Message)
+
+
+def parse(msg: Any, cls: type[M]) -> M:
+    """The body of a consumed message as `cls`, or Unusable saying why not: a
+    Kestrel-Type header naming another message, bytes that do not decode (invalid
+    UTF-8 included), or strings no store can hold (NUL and other control characters,
+    oversized: kestrel.validation, the same check every RPC request gets)."""
+    kind = (msg.headers or {}).get(TYPE_HEADER)
+    if kind is not None and kind != cls.DESCRIPTOR.full_name:
+        raise Unusable(f"Kestrel-Type is {kind[:100]!r}, expected {cls.DESCRIPTOR.full_name}")
+    try:
+        out = cls.FromString(msg.data)
+    except Exception as exc:
+        raise Unusable(f"does not decode as {cls.DESCRIPTOR.full_name}: {exc}") from None
+    bad = string_violations(out)
+    if bad:
+        raise Unusable("; ".join(f"{v.field}: {v.description}" for v in bad))
+    return out
+
+
+async def park(js: JetStreamContext, service: str, msg: Any, reason: str) -> None:
+    """Publish a message `service` could not use to kestrel.deadletter.<service>: the
+    original bytes and headers, plus the subject it came on, the stream sequence, and
+    the reason. The original Kestrel-Type moves to Kestrel-Deadletter-Type, so `kestrel
+    tap 'kestrel.deadletter.>'` shows the bytes as they are rather than misdecode them.
+    Idempotent: a redelivered message is parked once (Nats-Msg-Id from its sequence)."""
+    headers = {k: v for k, v in (msg.headers or {}).items()
+               if k not in (TYPE_HEADER, MSG_ID_HEADER)}
+    original_type = (msg.headers or {}).get(TYPE_HEADER)
+    if original_type is not None:
+        headers[DEADLETTER_TYPE_HEADER] = original_type
+    try:
+        meta = msg.metadata
+        where = f"{meta.stream}:{meta.sequence.stream}"
+    except Exception:  # not a JetStream message
+        where = ""
+    headers[DEADLETTER_SUBJECT_HEADER] = msg.subject
+    headers[DEADLETTER_REASON_HEADER] = " ".join(reason.split())[:500]
+    if where:
+        headers[DEADLETTER_SEQ_HEADER] = where
+        headers[MSG_ID_HEADER] = f"{service}:{where}"
+    await js.publish(subject_deadletter(service), msg.data, timeout=5.0, headers=headers)
+
+
+async def park_and_term(js: JetStreamContext, service: str, msg: Any, reason: str,
+                        log_to: logging.Logger = log) -> bool:
+    """Park `msg` (see `park`), then terminate it so the consumer moves on. Should the
+    park fail (NATS trouble), the message is negatively acknowledged for a later retry
+    instead: a bad message is never dropped unseen. Returns whether it was parked."""
+    log_to.error("parking a message on %s at %s: %s", msg.subject,
+                 subject_deadletter(service), reason)
+    try:
+        await park(js, service, msg, reason)
+    except Exception as exc:
+        log_to.warning("parking failed (%s); redelivery in 5s", exc)
+        await msg.nak(delay=5.0)
+        return False
+    await msg.term()
+    return True
 
 
 def message_class(full_name: str) -> type[Message] | None:

@@ -5,7 +5,8 @@
   is re-evaluated (coalesced: one pending re-evaluation per tenant at a time),
   and the runway check decides the tenant's waiting Workloads again.
 - kestrel.workload.> (durable consumer `admission`): job states follow
-  Kubernetes; acknowledged after the state change is committed.
+  Kubernetes; acknowledged after the state change is committed. A message that
+  is not a WorkloadEvent is parked on kestrel.deadletter.admission.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from kestrel import bus
 from kestrel.v1 import common_pb2, events_pb2
 from services.admission.core import Admission
 
@@ -92,9 +94,9 @@ async def follow_workloads(js: JetStreamContext, admission: Admission, reeval: R
             continue
         for m in msgs:
             try:
-                e = events_pb2.WorkloadEvent.FromString(m.data)
-            except Exception:
-                await m.term()
+                e = bus.parse(m, events_pb2.WorkloadEvent)
+            except bus.Unusable as exc:
+                await bus.park_and_term(js, "admission", m, f"not a WorkloadEvent: {exc}", log)
                 continue
             if e.kind != common_pb2.WORKLOAD_KIND_JOB:
                 await m.ack()

@@ -1,8 +1,9 @@
 """Transport: the durable JetStream consumer of kestrel.workload.>.
 
 Fetches batches, decodes, hands them to Meter.ingest, and acknowledges only
-after ingest returned (the transaction committed). Undecodable or invalid
-events are terminated (never redelivered) and counted.
+after ingest returned (the transaction committed). A message that is not a
+meterable WorkloadEvent (wrong Kestrel-Type, undecodable, invalid) is parked on
+kestrel.deadletter.meter with the reason, then terminated, and counted.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from google.protobuf.message import DecodeError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from kestrel import bus
 from kestrel.v1 import events_pb2
 from services.meter.core import Meter
 from services.meter.domain import Event
@@ -55,12 +56,12 @@ class WorkloadConsumer:
             good = []
             for m in msgs:
                 try:
-                    events.append(event_from_wire(events_pb2.WorkloadEvent.FromString(m.data)))
+                    events.append(event_from_wire(bus.parse(m, events_pb2.WorkloadEvent)))
                     good.append(m)
-                except (DecodeError, BadEvent) as exc:
-                    log.error("terminating bad workload event on %s: %s", m.subject, exc)
+                except (bus.Unusable, BadEvent) as exc:
                     self.on_bad()
-                    await m.term()
+                    await bus.park_and_term(self.js, DURABLE, m, f"not a meterable "
+                                            f"WorkloadEvent: {exc}", log)
             while True:
                 try:
                     await self.meter.ingest(events)

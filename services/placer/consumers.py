@@ -2,7 +2,8 @@
 
 - kestrel.jobs.admitted.> (durable pull consumer `placer`, work queue): each
   admitted job becomes a Kubernetes Job; the message is acknowledged only after
-  the Job exists and its QUEUED event is published. Failures are redelivered.
+  the Job exists and its QUEUED event is published. Failures are redelivered;
+  a message that is not a valid JobAdmitted is parked on kestrel.deadletter.placer.
 - kestrel.runway.> (ordered consumer, last value per subject): a live view of
   every tenant's runway, complete at start-up before placement begins.
 """
@@ -19,6 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from kestrel import bus
 from kestrel.v1 import events_pb2
 from services.placer.core import Placer
 from services.placer.wire import admitted_from_wire, runway_from_wire
@@ -64,16 +66,16 @@ async def follow_runway(js: JetStreamContext, placer: Placer, stop: asyncio.Even
         await sub.unsubscribe()
 
 
-async def _handle(placer: Placer, msg: Msg) -> None:
+async def _handle(js: JetStreamContext, placer: Placer, msg: Msg) -> None:
     try:
-        job = admitted_from_wire(events_pb2.JobAdmitted.FromString(msg.data))
-    except Exception:
-        log.error("terminating undecodable JobAdmitted on %s", msg.subject)
-        await msg.term()
+        job = admitted_from_wire(bus.parse(msg, events_pb2.JobAdmitted))
+    except bus.Unusable as exc:
+        await bus.park_and_term(js, DURABLE, msg, f"not a JobAdmitted: {exc}", log)
         return
     if not job.job_id or not job.tenant or job.gpus <= 0 or job.max_duration_s <= 0:
-        log.error("terminating invalid JobAdmitted %r on %s", job.job_id, msg.subject)
-        await msg.term()
+        await bus.park_and_term(js, DURABLE, msg, f"invalid JobAdmitted {job.job_id[:64]!r}: "
+                                "job_id and tenant are required, gpus and "
+                                "max_duration_s must be positive", log)
         return
     try:
         await placer.place(job)
@@ -123,4 +125,4 @@ async def consume_admitted(js: JetStreamContext, placer: Placer, stop: asyncio.E
             await asyncio.sleep(0.5)
             continue
         # Jobs are independent: place a batch concurrently, ack each on its own.
-        await asyncio.gather(*(_handle(placer, m) for m in msgs))
+        await asyncio.gather(*(_handle(js, placer, m) for m in msgs))
