@@ -47,6 +47,10 @@ test-integration: setup ## Against real Postgres, NATS JetStream, Redis (started
 test-e2e: setup ## Against the real Kubernetes data plane (built and started on demand)
 	$(PY) -m pytest tests/e2e -q
 
+.PHONY: fuzz
+fuzz: setup ## Every RPC and bus consumer fed hostile input, many examples; prints the fuzz: line
+	KESTREL_FUZZ_EXAMPLES=$${KESTREL_FUZZ_EXAMPLES:-300} $(PY) -m pytest tests/integration/test_fuzz.py -q
+
 test: setup lint ## Lint, then every test tier
 	$(PY) -m pytest tests -q
 

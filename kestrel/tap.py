@@ -7,6 +7,7 @@ it taps any subject, in a stream or not, without creating consumers.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import sys
 from collections.abc import Callable
@@ -29,6 +30,11 @@ def render(msg: Msg) -> str:
         line["message"] = body
     else:
         line["raw_bytes"] = len(msg.data)
+    parked = {k.removeprefix("Kestrel-Deadletter-").lower(): v
+              for k, v in (msg.headers or {}).items() if k.startswith("Kestrel-Deadletter-")}
+    if parked:  # a dead letter: where it came from and why it was parked
+        line["deadletter"] = parked
+        line["raw_base64"] = base64.b64encode(msg.data[:4096]).decode()
     return json.dumps(line, separators=(",", ":"), sort_keys=False)
 
 
