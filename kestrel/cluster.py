@@ -74,6 +74,8 @@ GPU_FLAVORS = ("gpu-h100", "gpu-a10")
 EXAMPLE_CLUSTER_QUEUE = "tenant-example"
 SIMULATED_NODE_SELECTOR = "kestrel.dev/simulated=true"
 DEFAULT_TIMEOUT_S = 300.0
+# Bumped when a running cluster must be recreated for a change of how it is set up.
+LAYOUT = "2-cpu-node"
 
 
 class ClusterError(RuntimeError):
@@ -265,6 +267,12 @@ def kubectl(
 def _kwok_env(bins: dict[str, Path], versions: dict[str, str]) -> dict[str, str]:
     env = dict(os.environ)
     nowhere = str(PATHS.state / "no-downloads")  # any default path kwokctl falls back to
+    # The apiserver inherits this environment; it reaches the real node's kubelet (logs,
+    # exec) at the node's IP, which the dead proxy below must not catch.
+    no_proxy = "127.0.0.1,localhost"
+    if CPU_NODE_ENABLED:
+        with contextlib.suppress(ClusterError, OSError, subprocess.SubprocessError):
+            no_proxy += f",{node_ip()}"
     env.update(
         {
             "KWOK_WORKDIR": str(PATHS.kwok_workdir),
@@ -286,8 +294,8 @@ def _kwok_env(bins: dict[str, Path], versions: dict[str, str]) -> dict[str, str]
             "HTTPS_PROXY": "http://127.0.0.1:9",
             "http_proxy": "http://127.0.0.1:9",
             "https_proxy": "http://127.0.0.1:9",
-            "NO_PROXY": "127.0.0.1,localhost",
-            "no_proxy": "127.0.0.1,localhost",
+            "NO_PROXY": no_proxy,
+            "no_proxy": no_proxy,
         }
     )
     return env
@@ -349,7 +357,8 @@ def missing_binaries(versions: dict[str, str] | None = None) -> list[str]:
     """Components whose cached binary (or Kueue CRD directory) is absent."""
     v = versions or read_versions()
     bins = binary_paths(v)
-    missing = [name for name in bins if name != "kubelet" and not bins[name].exists()]
+    missing = [name for name in bins
+               if (name != "kubelet" or CPU_NODE_ENABLED) and not bins[name].exists()]
     if not kueue_crd_dir(v).is_dir():
         missing.append("kueue-crds")
     return missing
@@ -376,8 +385,9 @@ def ensure_binaries(progress: Progress = print) -> None:
     missing = missing_binaries(v)
     if missing:
         progress(f"building missing components from the Go module registry: {missing}")
-        # kubelet is not needed to run the control plane; build it only on request.
-        build(progress, ["etcd", "kwok", "kueue", "kube"])
+        # kubelet only for the real CPU node (KESTREL_CPU_NODE=0 leaves it out).
+        kubelet = ["kubelet"] if CPU_NODE_ENABLED else []
+        build(progress, ["etcd", "kwok", "kueue", "kube", *kubelet])
         still = missing_binaries(v)
         if still:
             raise ClusterError(f"build finished but binaries are missing: {still}")
@@ -453,6 +463,10 @@ def process_health() -> list[ProcessHealth]:
     out.append(
         ProcessHealth("kueue", kpid, kpid is not None, _rss_kib(kpid) / 1024 if kpid else 0.0)
     )
+    if CPU_NODE_ENABLED:
+        for comp, pid in (("containerd", containerd_pid()), ("kubelet", kubelet_pid())):
+            out.append(ProcessHealth(comp, pid, pid is not None,
+                                     _rss_kib(pid) / 1024 if pid else 0.0))  # fmt: skip
     return out
 
 
@@ -473,6 +487,548 @@ def control_plane_alive() -> bool:
 
 def data_plane_rss_mib() -> float:
     return sum(p.rss_mib for p in process_health() if p.alive)
+
+
+# --------------------------------------------------------------------------- CPU pool
+# A REAL node: kubelet (built like the other Kubernetes binaries) + containerd (Debian's)
+# + runc + a bridge CNI, running images built here by images/build.sh and imported into
+# containerd's k8s.io namespace. It joins this apiserver as NODE_NAME, untainted, with
+# the machine's real capacity. Everything it keeps lives under PATHS.state / "node";
+# ports, names and the pod subnet come from the environment so that several clusters
+# can share one machine (only one of them should run a kubelet, see cluster/README.md).
+
+CPU_NODE_ENABLED = os.environ.get("KESTREL_CPU_NODE", "1").lower() not in ("0", "false", "no")
+NODE_NAME = os.environ.get("KESTREL_NODE_NAME", "kestrel-cpu-0")
+KUBELET_PORT = int(os.environ.get("KESTREL_KUBELET_PORT", "10250"))
+KUBELET_HEALTHZ_PORT = int(os.environ.get("KESTREL_KUBELET_HEALTHZ_PORT", "10248"))
+POD_CIDR = os.environ.get("KESTREL_POD_CIDR", "10.244.250.0/24")
+CNI_BIN_DIR = Path(os.environ.get("KESTREL_CNI_BIN_DIR", "/usr/lib/cni"))
+CPU_NODE_SELECTOR = "kestrel.dev/pool=cpu,kestrel.dev/simulated=false"
+CPU_FLAVOR = "cpu"
+CPU_NODE_LABELS = {
+    "kestrel.dev/pool": "cpu",
+    "kestrel.dev/simulated": "false",
+    "kestrel.dev/flavor": CPU_FLAVOR,
+}
+IMAGES_SRC = REPO_ROOT / "images"
+NODE_APT_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "debootstrap")
+
+
+@dataclasses.dataclass(frozen=True)
+class NodePaths:
+    """Where the real node keeps containerd's and the kubelet's state."""
+
+    root: Path
+
+    @property
+    def containerd(self) -> Path:
+        return self.root / "containerd"
+
+    @property
+    def containerd_config(self) -> Path:
+        return self.containerd / "config.toml"
+
+    @property
+    def socket(self) -> Path:
+        return self.containerd / "containerd.sock"
+
+    @property
+    def containerd_root(self) -> Path:
+        return self.containerd / "root"  # images and snapshots: kept across down/up
+
+    @property
+    def containerd_state(self) -> Path:
+        return self.containerd / "state"  # tasks, sandboxes, netns mounts: removed on down
+
+    @property
+    def kubelet(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def kubelet_config(self) -> Path:
+        return self.root / "kubelet.yaml"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.root / "pod-logs"
+
+    @property
+    def cni_conf(self) -> Path:
+        return self.root / "cni" / "net.d"
+
+    @property
+    def cni_ipam(self) -> Path:
+        return self.root / "cni" / "ipam"
+
+    @property
+    def images_json(self) -> Path:
+        return self.root / "images.json"
+
+    def pidfile(self, component: str) -> Path:
+        return self.root / f"{component}.pid"
+
+    def log(self, component: str) -> Path:
+        return PATHS.logs / f"{component}.log"
+
+
+NODE = NodePaths(PATHS.state / "node")
+# One bridge and one cgroup root per kubelet port: two clusters never share them.
+CNI_BRIDGE = f"kbr{KUBELET_PORT}"
+CGROUP_ROOT = f"/kestrel-{KUBELET_PORT}"
+
+
+def node_ip() -> str:
+    """The machine's primary IPv4 address (the kubelet refuses a loopback node IP)."""
+    if ip := os.environ.get("KESTREL_NODE_IP"):
+        return ip
+    proc = _run(["ip", "-4", "-o", "route", "get", "192.0.2.254"], check=False, timeout=5)
+    words = proc.stdout.split()
+    if "src" in words:
+        return words[words.index("src") + 1]
+    proc = _run(["ip", "-4", "-o", "addr", "show", "scope", "global"], check=False, timeout=5)
+    for line in proc.stdout.splitlines():
+        return line.split()[3].split("/")[0]
+    raise ClusterError("no global IPv4 address on this machine for the kubelet's node IP")
+
+
+def _component_pid(component: str, exe_name: str) -> int | None:
+    try:
+        pid = int(NODE.pidfile(component).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if not _pid_alive(pid):
+        return None
+    cmd = _proc_cmdline(pid)
+    if not cmd or Path(cmd[0]).name != exe_name:
+        return None
+    return pid
+
+
+def containerd_pid() -> int | None:
+    return _component_pid("containerd", "containerd")
+
+
+def kubelet_pid() -> int | None:
+    return _component_pid("kubelet", binary_paths()["kubelet"].name)
+
+
+def node_tools_missing() -> list[str]:
+    """Host tools the real node needs (installed by scripts/setup.sh from Debian)."""
+    want = {"containerd": "containerd", "ctr": "containerd", "runc": "runc",
+            "debootstrap": "debootstrap", "containerd-shim-runc-v2": "containerd"}
+    missing = sorted({pkg for exe, pkg in want.items() if shutil.which(exe) is None})
+    if not (CNI_BIN_DIR / "bridge").exists():
+        missing.append("containernetworking-plugins")
+    return missing
+
+
+def build_images(progress: Progress = print) -> dict[str, Any]:
+    """images/build.sh (cached by the hash of its inputs); returns its IMAGES record."""
+    cmd = [str(IMAGES_SRC / "build.sh"), "pause", "kestrel"]
+    env = dict(os.environ)
+    env.setdefault("PY", sys.executable)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, env=env)  # fmt: skip
+    assert proc.stdout is not None
+    record: dict[str, Any] | None = None
+    tail: list[str] = []
+    for line in proc.stdout:
+        line = line.rstrip()
+        if line.startswith("IMAGES "):
+            record = json.loads(line[len("IMAGES "):])
+            continue
+        tail = [*tail[-40:], line]
+        progress(f"  {line}")
+    if proc.wait() != 0 or record is None:
+        raise ClusterError(f"{' '.join(cmd)} failed ({proc.returncode}):\n" + "\n".join(tail))
+    return record
+
+
+def _ctr(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return _run(["ctr", "--address", str(NODE.socket), "--namespace", "k8s.io", *args],
+                check=check, timeout=timeout)  # fmt: skip
+
+
+def _write_containerd_config(pause_ref: str) -> None:
+    NODE.containerd.mkdir(parents=True, exist_ok=True)
+    NODE.containerd_config.write_text(f"""\
+# containerd for the Kestrel CPU node (generated by kestrel/cluster.py).
+version = 2
+root = "{NODE.containerd_root}"
+state = "{NODE.containerd_state}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{NODE.socket}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{NODE.containerd / 'opt'}"
+[plugins."io.containerd.grpc.v1.cri"]
+  # The pause image imported from images/build.sh; if this differs from the imported
+  # tag the sandbox image is garbage-collected and pods hang (containerd #6352).
+  sandbox_image = "{pause_ref}"
+  # root here lacks CAP_SYS_RESOURCE: a negative oom_score_adj fails with
+  # "can't get final child's PID from pipe: EOF".
+  restrict_oom_score_adj = true
+  # Pod network namespaces under our state dir, so down can find and unmount them.
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN_DIR}"
+    conf_dir = "{NODE.cni_conf}"
+    max_conf_num = 1
+""")
+
+
+def _write_cni_config() -> None:
+    NODE.cni_conf.mkdir(parents=True, exist_ok=True)
+    NODE.cni_ipam.mkdir(parents=True, exist_ok=True)
+    conflist = {
+        "cniVersion": "1.0.0",
+        "name": f"kestrel-{KUBELET_PORT}",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": CNI_BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,  # no iptables rules to leave behind
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(NODE.cni_ipam),
+                    "ranges": [[{"subnet": POD_CIDR}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "loopback"},
+        ],
+    }
+    (NODE.cni_conf / "10-kestrel.conflist").write_text(json.dumps(conflist, indent=1) + "\n")
+
+
+def _cgroup_dirs() -> list[Path]:
+    """Our kubelet cgroup root in every mounted cgroup hierarchy (v1 or v2)."""
+    base = Path("/sys/fs/cgroup")
+    if (base / "cgroup.controllers").exists():  # cgroup v2
+        return [base / CGROUP_ROOT.lstrip("/")]
+    out = []
+    for d in sorted(base.iterdir()):
+        if d.is_dir() and not d.is_symlink() and (d / "cgroup.procs").exists():
+            out.append(d / CGROUP_ROOT.lstrip("/"))
+    return out
+
+
+def _write_kubelet_config(ip: str) -> None:
+    NODE.kubelet.mkdir(parents=True, exist_ok=True)
+    NODE.pod_logs.mkdir(parents=True, exist_ok=True)
+    NODE.kubelet_config.write_text(f"""\
+# kubelet for the Kestrel CPU node (generated by kestrel/cluster.py).
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: {ip}
+port: {KUBELET_PORT}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {KUBELET_HEALTHZ_PORT}
+# The apiserver (kwokctl) has no kubelet client certificate; the kubelet API is open to
+# the machine it runs on, which is a development machine with no outside network.
+authentication:
+  anonymous:
+    enabled: true
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+containerRuntimeEndpoint: unix://{NODE.socket}
+imageServiceEndpoint: unix://{NODE.socket}
+# containerd 1.6 lacks the RuntimeConfig call the systemd driver needs; cgroup v1 here.
+cgroupDriver: cgroupfs
+cgroupRoot: {CGROUP_ROOT}
+failCgroupV1: false
+failSwapOn: false
+podLogsDir: {NODE.pod_logs}
+registerNode: true
+serializeImagePulls: false
+# Images are imported, never pulled: keep them (and do not evict for a full disk
+# before the machine is really out of it).
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 1%
+  imagefs.available: 1%
+  nodefs.inodesFree: 1%
+resolvConf: /etc/resolv.conf
+clusterDomain: cluster.local
+""")
+
+
+def _start_daemon(component: str, cmd: list[str], env: dict[str, str] | None = None) -> int:
+    NODE.root.mkdir(parents=True, exist_ok=True)
+    PATHS.logs.mkdir(parents=True, exist_ok=True)
+    with open(NODE.log(component), "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, env=env or dict(os.environ),
+                                cwd=str(NODE.root), start_new_session=True)  # fmt: skip
+    NODE.pidfile(component).write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def _stop_pid(pid: int, what: str, progress: Progress, grace_s: float = 15) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    with contextlib.suppress(ClusterError):
+        _wait_until(f"{what} to exit", functools.partial(_pid_dead, pid), grace_s)
+    if _pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ClusterError):
+            _wait_until(f"{what} to be killed", functools.partial(_pid_dead, pid), 10)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+    progress(f"  {what} (pid {pid}) stopped")
+
+
+def _containerd_ready() -> bool:
+    if containerd_pid() is None:
+        return True  # dead: the caller checks and reports
+    return _ctr("version", check=False, timeout=10).returncode == 0
+
+
+def _node_object() -> dict[str, Any] | None:
+    proc = kubectl("get", "node", NODE_NAME, "-o", "json", check=False, timeout=20)
+    if proc.returncode != 0:
+        return None
+    return cast(dict[str, Any], json.loads(proc.stdout))
+
+
+def cpu_node_ready() -> bool:
+    """Registered, Ready, schedulable (down cordons it), and our kubelet runs."""
+    node = _node_object()
+    return (node is not None and condition_true(node, "Ready")
+            and not (node.get("spec") or {}).get("unschedulable")
+            and kubelet_pid() is not None)  # fmt: skip
+
+
+def _ensure_images_imported(images: dict[str, Any], progress: Progress) -> None:
+    have = set(_ctr("images", "ls", "-q", check=False).stdout.split())
+    # Older builds of the Kestrel image are only disk now (a running container keeps
+    # its snapshot until it ends).
+    current = {images["kestrel"]["ref"], images["pause"]["ref"]}
+    for ref in sorted(have - current):
+        if ref.startswith(("kestrel.dev/kestrel:", "kestrel.dev/pause:")):
+            _ctr("images", "rm", ref, check=False, timeout=60)
+            progress(f"  removed the older image {ref}")
+    for name in ("pause", "kestrel"):
+        ref, archive = images[name]["ref"], images[name]["archive"]
+        if ref in have:
+            continue
+        t = time.monotonic()
+        proc = _ctr("images", "import", archive, timeout=600, check=False)
+        if ref not in set(_ctr("images", "ls", "-q").stdout.split()):
+            raise ClusterError(f"ctr images import {archive} did not create {ref}:\n"
+                               f"{proc.stdout}{proc.stderr}")
+        # kubelet image GC never removes a pinned image (the CRI reports the label)
+        _ctr("images", "label", ref, "io.cri-containerd.pinned=pinned", check=False)
+        progress(f"  imported {ref} into containerd k8s.io ({time.monotonic() - t:.1f}s)")
+
+
+def _start_cpu_node(progress: Progress, timeout_s: float) -> None:
+    """containerd + images + CNI + kubelet, then wait for the node to be Ready."""
+    missing = node_tools_missing()
+    if missing:
+        raise ClusterError(f"the CPU node needs Debian packages {missing}: run scripts/setup.sh")
+    if not binary_paths()["kubelet"].exists():
+        build(progress, ["kubelet"])
+    t0 = time.monotonic()
+    images = build_images(progress)
+    NODE.root.mkdir(parents=True, exist_ok=True)
+    NODE.images_json.write_text(json.dumps(images, indent=1) + "\n")
+    cpid = containerd_pid()
+    if cpid is not None and f'sandbox_image = "{images["pause"]["ref"]}"' not in (
+        NODE.containerd_config.read_text() if NODE.containerd_config.exists() else ""
+    ):
+        _stop_pid(cpid, "containerd (new pause image)", progress)  # its pods keep running
+    if containerd_pid() is None:
+        _write_containerd_config(images["pause"]["ref"])
+        pid = _start_daemon("containerd", ["containerd", "--config", str(NODE.containerd_config)])
+        progress(f"  containerd started (pid {pid}), socket {NODE.socket}")
+    _wait_until("containerd", _containerd_ready, 60, progress)
+    if containerd_pid() is None:
+        raise ClusterError(f"containerd exited; see {NODE.log('containerd')}:\n"
+                           f"{_tail(NODE.log('containerd'))}")
+    _ensure_images_imported(images, progress)
+    _write_cni_config()
+    kpid = kubelet_pid()
+    if kpid is not None and _node_object() is None:
+        # the apiserver was recreated under a running kubelet: it registers only at start
+        _stop_pid(kpid, "kubelet (node not registered)", progress)
+        kpid = None
+    if kpid is None:
+        for d in _cgroup_dirs():
+            with contextlib.suppress(OSError):
+                d.mkdir(exist_ok=True)
+        ip = node_ip()
+        _write_kubelet_config(ip)
+        bins = binary_paths()
+        labels = ",".join(f"{k}={v}" for k, v in CPU_NODE_LABELS.items())
+        env = dict(os.environ)
+        no_proxy = f"127.0.0.1,localhost,{ip}"
+        env.update({"NO_PROXY": no_proxy, "no_proxy": no_proxy})
+        pid = _start_daemon("kubelet", [
+            str(bins["kubelet"]),
+            f"--config={NODE.kubelet_config}",
+            f"--kubeconfig={PATHS.kubeconfig}",
+            f"--root-dir={NODE.kubelet}",
+            f"--cert-dir={NODE.kubelet / 'pki'}",
+            f"--hostname-override={NODE_NAME}",
+            f"--node-ip={ip}",
+            f"--node-labels={labels}",
+            "--v=1",
+        ], env)  # fmt: skip
+        progress(f"  kubelet started (pid {pid}) as node {NODE_NAME} ({ip}), "
+                 f"log {NODE.log('kubelet')}")  # fmt: skip
+
+    def ready_or_dead() -> bool:
+        node = _node_object()
+        if node and (node.get("spec") or {}).get("unschedulable"):
+            kubectl("uncordon", NODE_NAME, check=False, timeout=20)  # cordoned by a stop
+        return kubelet_pid() is None or cpu_node_ready()
+
+    _wait_until(f"node {NODE_NAME} Ready", ready_or_dead, timeout_s, progress)
+    if kubelet_pid() is None:
+        raise ClusterError(f"kubelet exited; see {NODE.log('kubelet')}:\n"
+                           f"{_tail(NODE.log('kubelet'))}")
+    progress(f"  node {NODE_NAME} Ready ({time.monotonic() - t0:.1f}s incl. images)")
+
+
+def _node_mounts() -> list[str]:
+    """Mount points under the node's state dir, deepest first."""
+    out = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            mnt = line.split()[4].replace("\\040", " ")
+            if mnt == str(NODE.root) or mnt.startswith(str(NODE.root) + "/"):
+                out.append(mnt)
+    return sorted(set(out), key=len, reverse=True)
+
+
+def _shim_pids() -> list[int]:
+    """containerd-shim-runc-v2 processes of OUR containerd (by its socket address)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        cmd = _proc_cmdline(int(d.name))
+        if cmd and Path(cmd[0]).name.startswith("containerd-shim") and str(NODE.socket) in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def _cgroup_pids() -> list[int]:
+    """Processes in our kubelet's cgroup tree (the pods' containers)."""
+    pids: set[int] = set()
+    for root in _cgroup_dirs():
+        if not root.is_dir():
+            continue
+        for procs in root.rglob("cgroup.procs"):
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(p) for p in procs.read_text().split())
+    return sorted(pids)
+
+
+def _stop_cpu_node(progress: Progress) -> None:
+    """Drain the real node, stop the kubelet and containerd, and leave nothing behind:
+    no process (containers, shims), no mount (rootfs, netns, volumes), no bridge."""
+    kpid, cpid = kubelet_pid(), containerd_pid()
+    if kpid is None and cpid is None and not _node_mounts() and not _shim_pids():
+        return
+    if kpid is not None and apiserver_ready():
+        # Let the kubelet itself stop the pods (CNI DEL, netns, volumes) first.
+        kubectl("cordon", NODE_NAME, check=False, timeout=20)
+        kubectl("delete", "pods", "-A", "--field-selector", f"spec.nodeName={NODE_NAME}",
+                "--grace-period=0", "--force", "--wait=false", check=False, timeout=60)
+        if cpid is not None:
+            def no_running_tasks() -> bool:
+                return "RUNNING" not in _ctr("tasks", "ls", check=False, timeout=10).stdout
+
+            with contextlib.suppress(ClusterError):
+                _wait_until("the node's pods to stop", no_running_tasks, 30, progress)
+    if kpid is not None:
+        _stop_pid(kpid, "kubelet", progress)
+    if containerd_pid() is not None:
+        for line in _ctr("tasks", "ls", check=False, timeout=20).stdout.splitlines()[1:]:
+            task = line.split()[0]
+            _ctr("tasks", "kill", "--all", "--signal", "SIGKILL", task, check=False, timeout=20)
+        time.sleep(0.5)
+        for line in _ctr("tasks", "ls", check=False, timeout=20).stdout.splitlines()[1:]:
+            _ctr("tasks", "delete", "--force", line.split()[0], check=False, timeout=20)
+        for cid in _ctr("containers", "ls", "-q", check=False, timeout=20).stdout.split():
+            _ctr("containers", "delete", cid, check=False, timeout=20)
+    cpid = containerd_pid()
+    if cpid is not None:
+        _stop_pid(cpid, "containerd", progress)
+    for pid in [*_cgroup_pids(), *_shim_pids()]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            progress(f"  killed leftover process {pid} ({' '.join(_proc_cmdline(pid))[:80]})")
+    for mnt in _node_mounts():
+        proc = _run(["umount", "-l", mnt], check=False, timeout=20)
+        if proc.returncode != 0:
+            progress(f"  umount {mnt}: {proc.stderr.strip()}")
+    n = 0
+    for root in _cgroup_dirs():
+        if root.is_dir():
+            for d in sorted((p for p in root.rglob("*") if p.is_dir()),
+                            key=lambda p: len(p.parts), reverse=True):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+                    n += 1
+            with contextlib.suppress(OSError):
+                root.rmdir()
+    _run(["ip", "link", "delete", CNI_BRIDGE], check=False, timeout=10)
+    # What the next start must not see again: tasks, netns, pods, pod IPs. The image
+    # store (containerd root) stays: a later up does not import the images again.
+    for d in (NODE.containerd_state, NODE.kubelet, NODE.cni_ipam, NODE.pod_logs):
+        if not any(m.startswith(str(d)) for m in _node_mounts()):
+            shutil.rmtree(d, ignore_errors=True)
+    for component in ("kubelet", "containerd"):
+        NODE.pidfile(component).unlink(missing_ok=True)
+    left = _node_mounts()
+    progress(f"  CPU node stopped ({n} cgroups removed"
+             f"{', mounts LEFT: ' + str(left) if left else ''})")
+
+
+def node_leftovers() -> dict[str, list[str]]:
+    """What a stopped node must not leave: processes, mounts, bridge (tests check it)."""
+    procs = [str(p) for p in (*_shim_pids(), *_cgroup_pids())]
+    for comp in ("kubelet", "containerd"):
+        pid = kubelet_pid() if comp == "kubelet" else containerd_pid()
+        if pid is not None:
+            procs.append(f"{comp}:{pid}")
+    bridge = Path(f"/sys/class/net/{CNI_BRIDGE}")
+    netns = [m for m in _node_mounts() if "/netns/" in m]
+    return {"processes": procs, "mounts": _node_mounts(), "netns": netns,
+            "links": [CNI_BRIDGE] if bridge.exists() else []}
+
+
+def node_images() -> dict[str, Any]:
+    """The IMAGES record of the running node (refs of the pause and Kestrel images)."""
+    try:
+        return cast(dict[str, Any], json.loads(NODE.images_json.read_text()))
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"no CPU node images recorded at {NODE.images_json}") from exc
+
+
+def kestrel_image() -> str:
+    return str(node_images()["kestrel"]["ref"])
 
 
 # --------------------------------------------------------------------------- up
@@ -713,6 +1269,7 @@ def is_up() -> bool:
         and kueue_ready()
         and _gpu_nodes_ready()
         and _cluster_queue_active()
+        and (not CPU_NODE_ENABLED or cpu_node_ready())
     )
 
 
@@ -723,10 +1280,17 @@ def up(progress: Progress = print, timeout_s: float = DEFAULT_TIMEOUT_S) -> Clus
         ensure_binaries(progress)
         versions = read_versions()
         stamp = PATHS.state / "versions.json"
+        # The layout is part of the stamp: a cluster created before the real CPU node
+        # (its apiserver lacks the node's IP in NO_PROXY and the kubelet address flag)
+        # is recreated once.
+        versions = {**versions, "KESTREL_LAYOUT": LAYOUT}
         if kwok_cluster_exists() and stamp.exists() and json.loads(stamp.read_text()) != versions:
-            progress("pinned versions changed since the cluster was created: recreating it")
+            progress("pinned versions or cluster layout changed since the cluster was "
+                     "created: recreating it")
             _down_locked(progress)
         if is_up():
+            if CPU_NODE_ENABLED:  # the Kestrel image follows the source (cached by hash)
+                _start_cpu_node(progress, timeout_s)
             if not stamp.exists():
                 stamp.write_text(json.dumps(versions, indent=1, sort_keys=True) + "\n")
             progress(f"cluster already up ({time.monotonic() - t0:.1f}s check)")
@@ -748,6 +1312,8 @@ def up(progress: Progress = print, timeout_s: float = DEFAULT_TIMEOUT_S) -> Clus
             timeout_s,
             progress,
         )
+        if CPU_NODE_ENABLED:
+            _start_cpu_node(progress, timeout_s)
         stamp.write_text(json.dumps(versions, indent=1, sort_keys=True) + "\n")
         progress(f"cluster up in {time.monotonic() - t0:.1f}s")
         return cluster_info()
@@ -776,6 +1342,7 @@ def down(progress: Progress = print) -> None:
 
 
 def _down_locked(progress: Progress) -> None:
+    _stop_cpu_node(progress)  # first: the kubelet stops its pods while the apiserver runs
     _stop_kueue(progress)
     versions = read_versions()
     bins = binary_paths(versions)
@@ -895,6 +1462,140 @@ def gpu_job_manifest(
     }
 
 
+def cpu_job_manifest(
+    name: str,
+    namespace: str,
+    queue: str,
+    command: Sequence[str],
+    *,
+    image: str | None = None,
+    cpu: str = "100m",
+    memory: str = "128Mi",
+    labels: dict[str, str] | None = None,
+    active_deadline_s: int = 300,
+) -> dict[str, Any]:
+    """A batch/v1 Job for Kueue that runs ``command`` for real on the CPU pool (the real
+    kubelet node), in the Kestrel image (default: the one the running node imported).
+    It selects the ``cpu`` flavor's node label so Kueue never places it on a GPU flavor."""
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "nodeSelector": {"kestrel.dev/flavor": CPU_FLAVOR},
+        "terminationGracePeriodSeconds": 5,
+        "containers": [
+            {
+                "name": "work",
+                "image": image or kestrel_image(),
+                "imagePullPolicy": "Never",  # imported into containerd, never pulled
+                "command": list(command),
+                "resources": {"requests": {"cpu": cpu, "memory": memory},
+                              "limits": {"cpu": cpu, "memory": memory}},
+            }
+        ],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {QUEUE_NAME_LABEL: queue, **(labels or {})},
+        },
+        "spec": {
+            "suspend": True,
+            "parallelism": 1,
+            "completions": 1,
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": active_deadline_s,
+            "template": {"spec": pod_spec},
+        },
+    }
+
+
+MODEL_ONNX_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuJobRun:
+    """What a Job on the real CPU node did, as Kubernetes and its kubelet report it."""
+
+    job: str
+    admitted: bool  # Kueue admitted its Workload (on flavor ``flavor``)
+    flavor: str
+    pod: str
+    pod_uid: str
+    node: str
+    container_id: str  # without the runtime prefix
+    exit_code: int | None
+    log: str
+    started_at: datetime.datetime | None  # the container's own start and finish
+    finished_at: datetime.datetime | None
+
+    @property
+    def run_s(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+def run_cpu_job(
+    client: ApiClient,
+    namespace: str,
+    queue: str,
+    name: str,
+    command: Sequence[str],
+    timeout_s: float = 180,
+    **manifest_kw: Any,
+) -> CpuJobRun:
+    """Submit :func:`cpu_job_manifest` through Kueue, wait for its pod to end, and read
+    back its exit code and log. The Job is left in place (its namespace owns it)."""
+    from kubernetes import client as k8s
+
+    batch: Any = k8s.BatchV1Api(client)
+    core: Any = k8s.CoreV1Api(client)
+    body: Any = cpu_job_manifest(name, namespace, queue, command, **manifest_kw)
+    job = batch.create_namespaced_job(namespace, body)
+    uid = job.metadata.uid
+    pods: list[Any] = []
+
+    def ended() -> bool:
+        nonlocal pods
+        pods = core.list_namespaced_pod(namespace, label_selector=f"job-name={name}").items
+        return any(p.status.phase in ("Succeeded", "Failed") for p in pods)
+
+    with contextlib.suppress(ClusterError):  # what happened is read back below
+        _wait_until(f"Job {namespace}/{name} to run on {NODE_NAME}", ended, timeout_s)
+    wl = workloads_by_job_uid(client, namespace).get(uid) or {}
+    admission = (wl.get("status") or {}).get("admission") or {}
+    assignments = admission.get("podSetAssignments") or [{}]
+    flavor = next(iter((assignments[0].get("flavors") or {}).values()), "")
+    pod = next((p for p in pods if p.status.phase in ("Succeeded", "Failed")),
+               pods[0] if pods else None)  # fmt: skip
+    if pod is None:
+        return CpuJobRun(name, condition_true(wl, "Admitted") or condition_true(wl, "Finished"),
+                         flavor, "", "", "", "", None, "", None, None)  # fmt: skip
+    state = None
+    for cs in pod.status.container_statuses or []:
+        state = cs.state.terminated if cs.state else None
+    log = ""
+    with contextlib.suppress(Exception):
+        log = core.read_namespaced_pod_log(pod.metadata.name, namespace)
+    return CpuJobRun(
+        job=name,
+        admitted=bool(admission),
+        flavor=flavor,
+        pod=pod.metadata.name,
+        pod_uid=pod.metadata.uid,
+        node=pod.spec.node_name or "",
+        container_id=(state.container_id or "").split("://")[-1] if state else "",
+        exit_code=state.exit_code if state else None,
+        log=log,
+        started_at=state.started_at if state else None,
+        finished_at=state.finished_at if state else None,
+    )
+
+
 def tenant_queue_manifests(
     name: str,
     *,
@@ -903,8 +1604,10 @@ def tenant_queue_manifests(
     cpu_per_gpu: int = 4,
     memory_gib_per_gpu: int = 32,
     local_queue: str = "gpu",
+    cpu_quota: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Namespace ``name`` + ClusterQueue ``name`` (quota per GPU flavor, in flavor order)
+    """Namespace ``name`` + ClusterQueue ``name`` (quota per GPU flavor, in flavor order,
+    then the ``cpu`` flavor of the real node when ``cpu_quota`` gives its cpu and memory)
     + LocalQueue ``local_queue`` in that namespace."""
     flavors = [
         {
@@ -917,6 +1620,17 @@ def tenant_queue_manifests(
         }
         for flavor, gpus in gpu_quota.items()
     ]
+    if cpu_quota is not None:
+        flavors.append(
+            {
+                "name": CPU_FLAVOR,
+                "resources": [
+                    {"name": "cpu", "nominalQuota": cpu_quota.get("cpu", "2")},
+                    {"name": "memory", "nominalQuota": cpu_quota.get("memory", "4Gi")},
+                    {"name": "nvidia.com/gpu", "nominalQuota": "0"},
+                ],
+            }
+        )
     cq_spec: dict[str, Any] = {
         "namespaceSelector": {"matchLabels": {"kestrel.dev/tenant": name}},
         "queueingStrategy": "BestEffortFIFO",
@@ -1079,7 +1793,8 @@ def status(progress: Progress = print) -> bool:
         f"kueue: {'ready' if kueue_ready() else 'NOT READY'} version={running_kueue_version()} "
         f"(health 127.0.0.1:{KUEUE_HEALTH_PORT})"
     )
-    progress(kubectl("get", "nodes", "-L", "kestrel.dev/flavor,nvidia.com/gpu.count",
+    progress(kubectl("get", "nodes", "-L",
+                     "kestrel.dev/pool,kestrel.dev/simulated,kestrel.dev/flavor,nvidia.com/gpu.count",
                      check=False).stdout.rstrip())  # fmt: skip
     progress(kubectl("get", "resourceflavors,cohorts,clusterqueues,localqueues", "-A",
                      check=False).stdout.rstrip())  # fmt: skip

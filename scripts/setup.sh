@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent: installs everything Kestrel needs from the package registries.
-# Debian packages (redis-server), the Python venv with the project and its
+# Debian packages (redis-server, prometheus), the Python venv with the project and its
 # pinned dependencies, and buf (npm). Re-running is cheap: each step checks
 # a stamp keyed by the content of the files it installs from.
 set -euo pipefail
@@ -17,6 +17,41 @@ if ! command -v redis-server >/dev/null 2>&1; then
   apt-get install -y -qq redis-server >/dev/null
   # The Debian package starts a system-wide instance; Kestrel starts its own per run.
   (systemctl disable --now redis-server >/dev/null 2>&1 || service redis-server stop >/dev/null 2>&1) || true
+fi
+
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  say "installing Debian packages: prometheus (promtool for make lint; the plane starts its own)"
+  export DEBIAN_FRONTEND=noninteractive
+  # No daemon on :9090: forbid service starts while the package installs (unless a
+  # policy is already in place), then make sure none is left enabled or running.
+  own_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  if [ -n "$own_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
+  (systemctl disable --now prometheus >/dev/null 2>&1 || service prometheus stop >/dev/null 2>&1) || true
+fi
+
+# The real CPU node of the local cluster (cluster/README.md): containerd, runc and the
+# CNI plugins run its pods; debootstrap builds the Kestrel image's Debian base.
+node_pkgs=""
+command -v containerd >/dev/null 2>&1 || node_pkgs="$node_pkgs containerd"
+command -v runc >/dev/null 2>&1 || node_pkgs="$node_pkgs runc"
+[ -x /usr/lib/cni/bridge ] || node_pkgs="$node_pkgs containernetworking-plugins"
+command -v debootstrap >/dev/null 2>&1 || node_pkgs="$node_pkgs debootstrap"
+command -v wget >/dev/null 2>&1 || node_pkgs="$node_pkgs wget"    # debootstrap's fetcher
+command -v unzip >/dev/null 2>&1 || node_pkgs="$node_pkgs unzip"  # model files from wheels
+if [ -n "$node_pkgs" ]; then
+  say "installing Debian packages for the CPU node:$node_pkgs"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  # shellcheck disable=SC2086
+  apt-get install -y -qq --no-install-recommends $node_pkgs >/dev/null
+  # Kestrel starts its own containerd (own socket and state) with the cluster.
+  (systemctl disable --now containerd >/dev/null 2>&1 || service containerd stop >/dev/null 2>&1) || true
 fi
 
 if [ ! -x .venv/bin/python ]; then
