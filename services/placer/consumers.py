@@ -93,17 +93,19 @@ async def take_over_in_flight(js: JetStreamContext) -> int:
     the old process had fetched (up to a whole batch) stay pending on the durable
     consumer until their ack wait expires (ACK_WAIT_S), and then come back one
     timer at a time: a restarted placer sat idle for ~16 s, then placed ~7 jobs/s.
-    The stream keeps work until it is acknowledged (work-queue retention), so
-    deleting the durable consumer and creating it again delivers every
-    unacknowledged message at once. Placement is idempotent (one Job per job id),
-    so a message placed twice still makes one Job. Returns how many were pending."""
+    A starting placer that finds acknowledgements pending resets the consumer's
+    delivery state (JetStream's consumer reset, ADR-60, nats-server >= 2.14):
+    redelivery resumes from its ack floor at once, and the stream still holds
+    every unacknowledged job (work-queue retention). Placement is idempotent (one
+    Job per job id), so a message placed twice still makes one Job. Returns how
+    many were pending."""
     try:
         info = await js.consumer_info(STREAM, DURABLE)
     except NotFoundError:
         return 0
     pending = int(info.num_ack_pending or 0)
     if pending:
-        await js.delete_consumer(STREAM, DURABLE)
+        await js.reset_consumer(STREAM, DURABLE)
         log.info("%d admitted jobs were in flight in a previous placer: taken over", pending)
     return pending
 
