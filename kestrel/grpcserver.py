@@ -195,9 +195,11 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 class Server:
     """A grpc.aio server with reflection and health, bound to host:port."""
 
-    def __init__(self, host: str, port: int, service_names: Iterable[str]) -> None:
+    def __init__(self, host: str, port: int, service_names: Iterable[str],
+                 interceptors: Iterable[grpc.aio.ServerInterceptor] = ()) -> None:
+        # Extra interceptors (kestrel.metrics.GrpcMetrics) run outside DecodeGuard.
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)],
-                                      interceptors=[DecodeGuard()])
+                                      interceptors=[*interceptors, DecodeGuard()])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names = list(service_names)

@@ -23,10 +23,18 @@ def setup_logging(service: str, level: str = "INFO") -> None:
 
 def serve_metrics(registry: CollectorRegistry, host: str,
                   port: int) -> tuple[WSGIServer, threading.Thread] | None:
-    """Prometheus /metrics on host:port (loopback by default); port 0 disables it."""
+    """Prometheus /metrics on host:port (loopback by default); port 0 disables it.
+
+    A port another process holds does not stop the service: it serves without
+    /metrics and says so (Prometheus then shows its target down)."""
     if port <= 0:
         return None
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        logging.getLogger("kestrel.service").error(
+            "no /metrics: cannot listen on %s:%d (%s)", host, port, exc)
+        return None
     return server, thread
 
 

@@ -7,7 +7,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from kestrel import bus
 from kestrel.clock import now_us
@@ -16,12 +16,14 @@ from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.jobs import JobRow
+from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.service import drain, every, serve_metrics
 from kestrel.v1 import admission_pb2, admission_pb2_grpc
 from services.admission.consumers import Reevaluator, follow_runway, follow_workloads
 from services.admission.core import Admission
 from services.admission.domain import JobState
 from services.admission.kueue import RunwayCheckController
+from services.admission.metrics import AdmissionMetrics
 from services.admission.servicer import AdmissionServicer
 from services.admission.store import MIGRATIONS, AdmissionStore
 from services.admission.wire import job_admitted, state_changed
@@ -60,13 +62,15 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
         await asyncio.sleep(0.5)
     await migrate_component(config.endpoints, "admission", MIGRATIONS)
     registry = CollectorRegistry()
-    decisions = Counter("kestrel_admission_decisions", "Admission decisions",
-                        ["decision"], registry=registry)
+    metrics = AdmissionMetrics(registry)
 
     controller: RunwayCheckController | None = None
 
     async def publish(row: JobRow, prev: JobState | None) -> None:
-        decisions.labels(row.state.name.lower()).inc()
+        if prev is None:  # a submission decided (a replay after a restart has prev set)
+            metrics.decisions.labels(row.tenant, row.state.name.lower()).inc()
+        elif prev is JobState.HELD and row.state is JobState.ADMITTED:
+            metrics.decisions.labels(row.tenant, "released").inc()
         if controller is not None and prev is JobState.HELD:
             controller.wake(row.tenant)  # released or cancelled: its check's verdict moves
         now = now_us()
@@ -97,7 +101,8 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
                 reeval.request(tenant)
 
     server = Server(config.host, config.grpc_port,
-                    [admission_pb2.DESCRIPTOR.services_by_name["Admission"].full_name])
+                    [admission_pb2.DESCRIPTOR.services_by_name["Admission"].full_name],
+                    interceptors=[GrpcMetrics(registry)])
     admission_pb2_grpc.add_AdmissionServicer_to_server(AdmissionServicer(admission),
                                                       server.server)
     await server.start()
@@ -112,7 +117,11 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
              asyncio.create_task(follow_workloads(js, admission, reeval, stop)),
              asyncio.create_task(every(10, stop, refresh_prices, "refreshing prices failed",
                                        log)),
-             asyncio.create_task(every(5, stop, sweep_held, "sweeping held jobs failed", log))]
+             asyncio.create_task(every(5, stop, sweep_held, "sweeping held jobs failed", log)),
+             asyncio.create_task(metrics.follow_held(pool, admission.books, stop)),
+             asyncio.create_task(watch_consumers(
+                 js, consumer_pending_gauge(registry), [("KESTREL_WORKLOADS", "admission")],
+                 stop))]
     if controller is not None:
         tasks.append(asyncio.create_task(controller.run(stop)))
     log.info("admission serving gRPC on %s", server.address)

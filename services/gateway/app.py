@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from kestrel import bus
 from kestrel.config import Endpoints, env_float, env_int, env_str
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
-from kestrel.service import drain
+from kestrel.metrics import GrpcMetrics
+from kestrel.service import drain, serve_metrics
 from kestrel.v1 import (
     admission_pb2_grpc,
     gateway_pb2,
@@ -37,6 +39,7 @@ class GatewayConfig:
     endpoints: Endpoints
     host: str
     grpc_port: int
+    metrics_port: int
     admission_addr: str
     meter_addr: str
     placer_addr: str
@@ -50,6 +53,7 @@ class GatewayConfig:
     def from_env(cls) -> GatewayConfig:
         return cls(Endpoints.from_env("gateway"), env_str("KESTREL_BIND_HOST", "127.0.0.1"),
                    env_int("KESTREL_GATEWAY_PORT", 50051),
+                   env_int("KESTREL_GATEWAY_METRICS_PORT", 9151),
                    env_str("KESTREL_ADMISSION_ADDR", "127.0.0.1:50052"),
                    env_str("KESTREL_METER_ADDR", "127.0.0.1:50053"),
                    env_str("KESTREL_PLACER_ADDR", "127.0.0.1:50054"),
@@ -89,14 +93,17 @@ async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
         meter_pb2_grpc.MeterStub(meter_ch), nc, operator_token_hash(config),
         config.max_node_gpus,
         placer_pb2_grpc.PlacerStub(placer_ch) if placer_ch is not None else None)
+    registry = CollectorRegistry()
     server = Server(config.host, config.grpc_port,
-                    [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name])
+                    [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],
+                    interceptors=[GrpcMetrics(registry)])
     gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server.server)
     await server.start()
+    http = serve_metrics(registry, config.host, config.metrics_port)
     log.info("gateway serving gRPC on %s", server.address)
     try:
         await stop.wait()
     finally:
         channels = [admission_ch, meter_ch, *([placer_ch] if placer_ch is not None else [])]
-        await drain(server, [], task_timeout_s=0, http=None, nc=nc, pool=pool,
+        await drain(server, [], task_timeout_s=0, http=http, nc=nc, pool=pool,
                     closers=[*(c.close for c in channels), redis.aclose])

@@ -5,18 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from decimal import Decimal
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry
 
 from kestrel import bus
 from kestrel.config import Endpoints, env_float, env_int, env_str
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
+from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.money import parse_amount
 from kestrel.service import drain, every, serve_metrics
 from kestrel.v1 import meter_pb2, meter_pb2_grpc
@@ -64,17 +65,6 @@ class MeterConfig:
             batch=env_int("KESTREL_METER_BATCH", 1000),
             default_prices=prices,
         )
-
-
-async def _lag_loop(js: JetStreamContext, metrics: MeterMetrics, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        try:
-            info = await js.consumer_info(STREAM, DURABLE)
-            metrics.consumer_lag.set(info.num_pending + info.num_ack_pending)
-        except Exception as exc:
-            log.debug("consumer info: %s", exc)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=2.0)
 
 
 async def _follow_holds(nc: NATS, meter: Meter, stop: asyncio.Event) -> None:
@@ -130,16 +120,24 @@ async def run(config: MeterConfig, stop: asyncio.Event) -> None:
             await meter.set_price(flavor, price)
 
     server = Server(config.host, config.grpc_port,
-                    [meter_pb2.DESCRIPTOR.services_by_name["Meter"].full_name])
+                    [meter_pb2.DESCRIPTOR.services_by_name["Meter"].full_name],
+                    interceptors=[GrpcMetrics(registry)])
     meter_pb2_grpc.add_MeterServicer_to_server(MeterServicer(meter), server.server)
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
     consumer = WorkloadConsumer(js, meter, batch=config.batch, on_bad=metrics.bad_events.inc)
     consumer_task = asyncio.create_task(consumer.run(), name="consumer")
+
+    async def tick() -> None:
+        await meter.tick()
+        metrics.last_tick.set(time.time())
+        metrics.ticks.inc()
+
     tick_task = asyncio.create_task(every(
-        config.settings.tick_s, stop, meter.tick, "tick failed; the next tick cuts the same time",
+        config.settings.tick_s, stop, tick, "tick failed; the next tick cuts the same time",
         log), name="tick")
-    lag_task = asyncio.create_task(_lag_loop(js, metrics, stop), name="lag")
+    lag_task = asyncio.create_task(watch_consumers(
+        js, consumer_pending_gauge(registry), [(STREAM, DURABLE)], stop), name="lag")
     holds_task = asyncio.create_task(_follow_holds(nc, meter, stop), name="holds")
     log.info("meter serving gRPC on %s, metrics on %s:%d", server.address, config.host,
              config.metrics_port)

@@ -15,6 +15,7 @@ from kestrel import cluster as kc
 from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
+from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.service import drain, every, serve_metrics
 from kestrel.v1 import placer_pb2, placer_pb2_grpc
 from services.placer.consumers import consume_admitted, follow_runway
@@ -73,9 +74,10 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
         "kubernetes client", lambda: asyncio.to_thread(Kube, config.kubeconfig))
     store = PlacerStore(pool)
     registry = CollectorRegistry()
-    published = Counter("kestrel_placer_events_published", "Workload events published",
+    published = Counter("kestrel_placer_events_published_total",
+                        "Workload events published",
                         ["type"], registry=registry)
-    relists = Counter("kestrel_placer_relists", "Full lists of a watched kind", ["kind"],
+    relists = Counter("kestrel_placer_relists_total", "Full lists of a watched kind", ["kind"],
                       registry=registry)
 
     async def publish(event: Derived) -> None:
@@ -113,14 +115,18 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
         return
 
     server = Server(config.host, config.grpc_port,
-                    [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name])
+                    [placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name],
+                    interceptors=[GrpcMetrics(registry)])
     placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(placer), server.server)
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
     tasks += [asyncio.create_task(consume_admitted(js, placer, stop), name="jobs"),
               asyncio.create_task(every(
                   config.refresh_s, stop, placer.refresh,
-                  "refreshing prices and tenant quotas failed", log), name="refresh")]
+                  "refreshing prices and tenant quotas failed", log), name="refresh"),
+              asyncio.create_task(watch_consumers(
+                  js, consumer_pending_gauge(registry), [("KESTREL_JOBS", "placer")], stop),
+                  name="lag")]
     log.info("placer serving gRPC on %s (runway check %r, flavors %s)", server.address,
              config.settings.runway_check, ",".join(config.settings.flavors))
     try:
