@@ -32,6 +32,13 @@ GPU_TOLERATIONS: tuple[Mapping[str, str], ...] = (
 # Per pod, besides its GPUs; the ClusterQueue's cpu/memory quota scales with GPUs.
 POD_CPU, POD_MEMORY = "100m", "128Mi"
 CPU_PER_GPU, MEMORY_GIB_PER_GPU = 4, 16
+# The CPU pool: the real kubelet node kestrel-cpu-0 (cluster/README.md), Kueue flavor
+# `cpu`. Every tenant's ClusterQueue gets this much of it by default (the node's own
+# size on the 2-core development machines), tried after the GPU flavors and with no
+# GPU quota, so GPU pods never take it and CPU pods (which select it) pass the same
+# quota and runway check.
+CPU_FLAVOR = "cpu"
+CPU_POOL_QUOTA: Mapping[str, str] = {"cpu": "2", "memory": "4Gi"}
 
 
 def namespace_of(tenant: str) -> str:
@@ -57,7 +64,8 @@ def local_queue(tenant: str) -> dict[str, Any]:
 
 def cluster_queue(tenant: str, quota: Mapping[str, int], flavors: Sequence[str],
                   check: str, suspended: bool = False,
-                  borrow: Mapping[str, int] | None = None) -> dict[str, Any]:
+                  borrow: Mapping[str, int] | None = None,
+                  cpu_pool: Mapping[str, str] | None = CPU_POOL_QUOTA) -> dict[str, Any]:
     """ClusterQueue `kestrel-<tenant>` in the cohort: GPU quota per flavor (0 where the
     tenant has none), the runway AdmissionCheck when `check` is not empty, and Hold
     when the tenant is suspended.
@@ -65,7 +73,11 @@ def cluster_queue(tenant: str, quota: Mapping[str, int], flavors: Sequence[str],
     The quota is a cap: every resource gets borrowingLimit 0 unless the operator let
     the tenant borrow on that flavor (`borrow`, GPUs beyond its quota, taken from the
     cohort's unused quota). Without a borrowingLimit Kueue lets a ClusterQueue of a
-    cohort borrow everything the others leave unused."""
+    cohort borrow everything the others leave unused.
+
+    `cpu_pool` (cpu and memory) is the tenant's quota on the CPU pool's flavor `cpu`,
+    last in the same resource group (Kueue covers each resource in one group only),
+    with GPU quota 0; None leaves the flavor out."""
     groups = []
     for flavor in flavors:
         gpus = max(int(quota.get(flavor, 0)), 0)
@@ -76,6 +88,13 @@ def cluster_queue(tenant: str, quota: Mapping[str, int], flavors: Sequence[str],
             {"name": "memory", "nominalQuota": f"{gpus * MEMORY_GIB_PER_GPU}Gi",
              "borrowingLimit": f"{extra * MEMORY_GIB_PER_GPU}Gi"},
             {"name": GPU, "nominalQuota": str(gpus), "borrowingLimit": str(extra)},
+        ]})
+    if cpu_pool is not None:
+        groups.append({"name": CPU_FLAVOR, "resources": [
+            {"name": "cpu", "nominalQuota": cpu_pool.get("cpu", "0"), "borrowingLimit": "0"},
+            {"name": "memory", "nominalQuota": cpu_pool.get("memory", "0"),
+             "borrowingLimit": "0Gi"},
+            {"name": GPU, "nominalQuota": "0", "borrowingLimit": "0"},
         ]})
     spec: dict[str, Any] = {
         "cohortName": COHORT,

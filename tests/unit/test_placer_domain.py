@@ -355,10 +355,13 @@ def test_cluster_queue_lists_every_flavor_and_the_check_only_when_named() -> Non
     spec = cq["spec"]
     assert cq["metadata"]["name"] == NS and spec["cohortName"] == "kestrel-gpu"
     flavors = spec["resourceGroups"][0]["flavors"]
-    assert [f["name"] for f in flavors] == ["gpu-h100", "gpu-a10"]
+    # The GPU flavors in order, then the CPU pool's flavor with no GPU quota (issue 12).
+    assert [f["name"] for f in flavors] == ["gpu-h100", "gpu-a10", "cpu"]
     gpus = [next(r["nominalQuota"] for r in f["resources"] if r["name"] == "nvidia.com/gpu")
             for f in flavors]
-    assert gpus == ["3", "0"]
+    assert gpus == ["3", "0", "0"]
+    assert {r["name"]: r["nominalQuota"] for r in flavors[2]["resources"]} == {
+        "cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "0"}
     # The quota is a cap: nothing borrowed from the cohort, on any resource.
     assert {r["borrowingLimit"] for f in flavors for r in f["resources"]} == {"0", "0Gi"}
     may_borrow = manifests.cluster_queue(TENANT, {"gpu-h100": 3}, ("gpu-h100", "gpu-a10"), "",
