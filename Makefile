@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 include cluster/versions.env
 
 .PHONY: help setup proto proto-check buf-lint buf-breaking lint test test-unit \
-        test-integration test-e2e demo bench-meter bench-gateway bench-jobs up down status grpcurl \
+        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-jobs up down status grpcurl \
         devstack-up devstack-down devstack-status clean
 
 help: ## This list
@@ -34,9 +34,13 @@ buf-breaking: setup ## Compare proto/ with main (skipped while main has no proto
 	  echo "buf-breaking: no breaking change against main"; \
 	else echo "buf-breaking: main has no protos yet, skipped"; fi
 
-lint: setup proto-check buf-lint buf-breaking ## ruff, mypy, buf lint, buf breaking, fresh stubs
+lint: setup proto-check buf-lint buf-breaking prom-lint ## ruff, mypy, buf lint, buf breaking, fresh stubs, alert rules
 	$(PY) -m ruff check kestrel services tests bench
 	$(PY) -m mypy kestrel services tests bench
+
+prom-lint: setup ## promtool: the alert rules are valid and pass their unit tests
+	promtool check rules deploy/prometheus/rules/*.yml
+	promtool test rules deploy/prometheus/tests/*.yml
 
 test-unit: setup ## Pure logic, no I/O
 	$(PY) -m pytest tests/unit -q

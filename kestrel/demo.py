@@ -2,7 +2,8 @@
 
 Brings up the data plane (etcd, kube-apiserver, scheduler, controller-manager,
 Kueue, KWOK GPU nodes: built from the Go module registry on first use, cached),
-Postgres, NATS JetStream and Redis, and the meter, gateway, admission and placer.
+Postgres, NATS JetStream and Redis, the meter, gateway, admission and placer, and a
+Prometheus scraping them, kube-apiserver and Kueue (its address is printed).
 Then an operator creates two tenants, one with a large budget and one small;
 both submit GPU jobs; the small tenant's jobs are HELD when its budget is
 reserved, then released by a top-up. A live table shows runway, reservations and
@@ -30,7 +31,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from kestrel import cluster
+from kestrel import cluster, prometheus
 from kestrel.cli import render
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
@@ -191,23 +192,33 @@ async def main_async(keep: bool) -> int:
     shutil.rmtree(root, ignore_errors=True)
     stack = Stack(root, durable=True)
     procs: list[ServiceProcess] = []
+    prom: prometheus.Prometheus | None = None
     demo: Demo | None = None
     try:
         console.print("infrastructure: Postgres, NATS JetStream, Redis on 127.0.0.1 …")
         await asyncio.to_thread(stack.up)
-        ports = port_map("meter", "gateway", "admission", "placer")
+        names = ("meter", "gateway", "admission", "placer")
+        every_port = port_map(*names, *(f"{n}-metrics" for n in names))  # all distinct
+        ports = {n: every_port[n] for n in names}
+        metrics_ports = {n: every_port[f"{n}-metrics"] for n in names}
         env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_PRICES": PRICES,
                "KESTREL_METER_TICK_S": "0.5", "KESTREL_LOG_LEVEL": "WARNING",
                "KESTREL_KUBECONFIG": str(info.kubeconfig),
                **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
                **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in ports.items()},
-               **{f"KESTREL_{n.upper()}_METRICS_PORT": "0" for n in ports}}
+               **{f"KESTREL_{n.upper()}_METRICS_PORT": str(p) for n, p in metrics_ports.items()}}
         for name in ("meter", "gateway", "admission", "placer"):
             proc = ServiceProcess(name, env, f"127.0.0.1:{ports[name]}", root / f"{name}.log")
             await asyncio.to_thread(proc.start)
             procs.append(proc)
         console.print(f"services: meter, gateway, admission, placer (logs in {root}); "
                       f"demo prices {PRICES} credits per GPU-second")
+        prom = prometheus.Prometheus(root / "prometheus")
+        await asyncio.to_thread(prom.up, prometheus.plane_config(
+            prom.root, {n: f"127.0.0.1:{p}" for n, p in metrics_ports.items()},
+            scrape_interval_s=2, progress=lambda s: console.print(f"  [dim]{s}[/dim]")))
+        console.print(f"prometheus: {prom.url} scrapes them, kube-apiserver and Kueue "
+                      f"(alerts {prom.url}/alerts)")
         demo = Demo(f"127.0.0.1:{ports['gateway']}")
         await demo.setup()
         with Live(demo.render(), console=console, refresh_per_second=4) as live:
@@ -232,7 +243,12 @@ async def main_async(keep: bool) -> int:
         if keep:
             console.print(f"left running (--keep): gateway 127.0.0.1:{ports['gateway']}, "
                           f"operator token {TOKEN}; {stack.env()}")
+            if prom is not None:
+                console.print(f"prometheus {prom.url} (stop it: python -m kestrel.prometheus "
+                              f"down --dir {prom.root})")
         else:
+            if prom is not None:
+                await asyncio.to_thread(prom.down)
             for p in reversed(procs):
                 p.stop()
             await asyncio.to_thread(cleanup_tenants, sorted(TENANTS))

@@ -5,7 +5,9 @@
 `up` starts the devstack (Postgres, NATS JetStream, Redis) and the services —
 meter, gateway, admission, and the placer when the Kubernetes data plane is
 up — as detached processes on their default loopback ports, with logs and an
-operator token under .run/plane. `env` prints the exports the CLI, the SDK
+operator token under .run/plane, then a Prometheus (kestrel.prometheus) on
+127.0.0.1:19090 scraping them, the model workers, and kube-apiserver and Kueue
+when the data plane is up. `env` prints the exports the CLI, the SDK
 and grpcurl need. Idempotent: `up` starts only what is not running, and says
 for each component whether it was reused, started, or found dead and restarted.
 """
@@ -19,12 +21,15 @@ import signal
 import sys
 import time
 
+from kestrel import prometheus
 from kestrel.devstack import Stack, StackError, open_stack
 from kestrel.procs import REPO, ServiceProcess, wait_serving
 
 ROOT = REPO / ".run" / "plane"
 PORTS = {"meter": 50053, "admission": 50052, "gateway": 50051, "placer": 50054}
 TOKEN_FILE = ROOT / "operator-token"
+METRICS_PORTS = prometheus.DEFAULT_METRICS_PORTS
+PROMETHEUS_DIR = ROOT / "prometheus"
 
 
 def _alive(pid: int) -> bool:
@@ -47,7 +52,8 @@ def _save(pids: dict[str, int]) -> None:
 def service_env(stack: Stack) -> dict[str, str]:
     return {**stack.env(), "KESTREL_OPERATOR_TOKEN_FILE": str(TOKEN_FILE),
             **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in PORTS.items()},
-            **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in PORTS.items()}}
+            **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in PORTS.items()},
+            **{f"KESTREL_{n.upper()}_METRICS_PORT": str(p) for n, p in METRICS_PORTS.items()}}
 
 
 def up(with_placer: bool | None = None) -> None:
@@ -75,6 +81,11 @@ def up(with_placer: bool | None = None) -> None:
         _save(pids)
         what = f"{name} was not running (pid {old} gone): restarted" if old else f"{name} started"
         print(f"{what} as pid {proc.pid} on 127.0.0.1:{PORTS[name]}, log {log}")
+    prom = prometheus.Prometheus.open(PROMETHEUS_DIR)
+    metrics = {n: f"127.0.0.1:{METRICS_PORTS[n]}" for n in names}
+    print(prom.up(prometheus.plane_config(PROMETHEUS_DIR, metrics),
+                  port=prometheus.DEFAULT_PORT))
+    print(f"prometheus: {prom.url} (alerts {prom.url}/alerts, targets {prom.url}/targets)")
     if TOKEN_FILE.exists():
         print(f"operator token in {TOKEN_FILE}; eval $(python -m kestrel.plane env)")
 
@@ -91,6 +102,7 @@ def down() -> None:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
     _save({})
+    prometheus.Prometheus.open(PROMETHEUS_DIR).down()
     open_stack(ROOT / "devstack").down()
     print("plane down")
 
@@ -108,6 +120,9 @@ def status() -> int:
                 running = False
         ok &= running or name == "placer"
         print(f"{name:<10} {'serving' if running else 'stopped':<8} 127.0.0.1:{port}")
+    prom = prometheus.Prometheus.open(PROMETHEUS_DIR)
+    serving = prom.running() and prom.ready()
+    print(f"{'prometheus':<10} {'serving' if serving else 'stopped':<8} {prom.url}")
     return 0 if ok else 3
 
 
@@ -135,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             env()
         else:
             return status()
-    except (StackError, RuntimeError, TimeoutError) as exc:
+    except (StackError, RuntimeError, TimeoutError, OSError) as exc:
         print(f"plane: {exc}", file=sys.stderr)
         return 1
     return 0
