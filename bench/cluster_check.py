@@ -7,15 +7,22 @@
    8-GPU Job is admitted on flavor gpu-h100, its pod lands on an H100 KWOK node and
    Succeeds; a second 8-GPU Job submitted meanwhile gets no quota until the first has
    finished, then is admitted.
-3. Also runs tests/e2e/test_cluster.py (pytest) unless --skip-e2e.
-4. Baseline: K Jobs (1 GPU, short duration) submitted straight to Kueue with the
+3. The CPU pool (the real kubelet node, issue 12): a Job in the Kestrel image goes
+   through Kueue (flavor cpu) to kestrel-cpu-0, really runs, and prints what only
+   that container can know (its own cgroup path, with its pod uid and container id)
+   and the model file's sha256; its exit code and log are read back. The image build
+   (images/build.sh, cached by input hash) is timed first: image_build_s is 0 when
+   every stage came from the cache.
+4. Also runs tests/e2e/test_cluster.py (pytest) unless --skip-e2e.
+5. Baseline: K Jobs (1 GPU, short duration) submitted straight to Kueue with the
    kubernetes client into a ClusterQueue whose quota equals the GPU pool (64 GPUs),
    so admissions are bounded by real quota being released as jobs finish, like
    Kueue's own performance baseline. Admission instants are taken from a watch on
    the Workloads. The jobs are deleted afterwards.
 
 Last line: ``cluster: kubernetes=... kueue=... kwok=... gpu_nodes=N gpus=N
-admitted_within_quota=B held_over_quota=B kueue_admit_per_s=X idle_rss_mib=N``
+admitted_within_quota=B held_over_quota=B kueue_admit_per_s=X idle_rss_mib=N
+cpu_nodes=N cpu_pod_ran=B image_build_s=X``
 """
 
 from __future__ import annotations
@@ -68,6 +75,42 @@ def job_state(api: Any, ns: str, name: str) -> str | None:
         if cond.type in ("Complete", "Failed") and cond.status == "True":
             return str(cond.type)
     return None
+
+
+def cpu_pool_check(api: Any) -> tuple[int, bool]:
+    """Returns (Ready real CPU nodes, whether a Kueue-admitted pod really ran on one)."""
+    nodes = k8s().CoreV1Api(api).list_node(label_selector=kc.CPU_NODE_SELECTOR).items
+    ready = [n for n in nodes
+             if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions)]
+    log(f"  real CPU nodes Ready: {[n.metadata.name for n in ready]}")
+    if not ready:
+        return 0, False
+    ns = f"check-cpu-{uuid.uuid4().hex[:6]}"
+    kc.create_tenant_queue(api, kc.tenant_queue_manifests(
+        ns, gpu_quota={}, cpu_quota={"cpu": "1", "memory": "1Gi"}))
+    try:
+        script = ("echo cgroup=$(grep -m1 pids /proc/self/cgroup | cut -d: -f3); "
+                  "echo model_sha256=$(sha256sum /opt/kestrel/model/model.onnx | cut -d' ' -f1); "
+                  "echo image=$KESTREL_MODEL_DIR; exit 0")
+        t0 = time.monotonic()
+        run = kc.run_cpu_job(api, ns, "gpu", "probe", ["sh", "-c", script], timeout_s=WAIT_S)
+        took = time.monotonic() - t0
+        for line in run.log.splitlines():
+            log(f"  pod {run.pod} says: {line}")
+        cgroup = next((ln.split("=", 1)[1] for ln in run.log.splitlines()
+                       if ln.startswith("cgroup=")), "")
+        ran = (run.exit_code == 0 and run.flavor == kc.CPU_FLAVOR and run.node in
+               {n.metadata.name for n in ready}
+               and bool(run.pod_uid) and run.pod_uid in cgroup
+               and bool(run.container_id) and run.container_id in cgroup
+               and f"model_sha256={kc.MODEL_ONNX_SHA256}" in run.log)
+        log(f"  probe: admitted on flavor {run.flavor!r}, node {run.node}, exit code "
+            f"{run.exit_code}, cgroup names pod {run.pod_uid in cgroup} and container "
+            f"{bool(run.container_id) and run.container_id in cgroup}; {took:.1f}s "
+            f"submit to end -> cpu_pod_ran={str(ran).lower()}")
+        return len(ready), ran
+    finally:
+        kc.delete_tenant_queue(api, ns)
 
 
 def quota_checks(api: Any) -> tuple[bool, bool]:
@@ -352,6 +395,15 @@ def main() -> int:
     )
     args = parser.parse_args()
 
+    # The images first, timed on their own (0 when every stage is cached).
+    image_build_s = 0.0
+    if kc.CPU_NODE_ENABLED:
+        t0 = time.monotonic()
+        images = kc.build_images(log)
+        built = images["kestrel"]["build_s"] + images["pause"]["build_s"]
+        image_build_s = time.monotonic() - t0 if built else 0.0
+        log(f"images: {images['kestrel']['ref']} ({images['kestrel']['bytes'] / 2**20:.0f} MiB "
+            f"archive), {images['pause']['ref']}; image_build_s={image_build_s:.1f}")
     info = kc.ensure_cluster(log)
     api = kc.api_client()
     start_rss = kc.data_plane_rss_mib()
@@ -372,6 +424,8 @@ def main() -> int:
 
     log("quota checks:")
     admitted_ok, held_ok = quota_checks(api)
+    log("CPU pool (real kubelet node):")
+    cpu_nodes, cpu_ran = cpu_pool_check(api)
 
     # Idle = no jobs, after the checks have exercised every component once (the Go
     # heaps have grown to their working size), the more conservative figure.
@@ -392,9 +446,12 @@ def main() -> int:
         f"cluster: kubernetes={server} kueue={kueue_version} kwok={kwok_version} "
         f"gpu_nodes={len(nodes)} gpus={gpus} "
         f"admitted_within_quota={str(admitted_ok).lower()} held_over_quota={str(held_ok).lower()} "
-        f"kueue_admit_per_s={res['rate']:.1f} idle_rss_mib={idle_rss:.0f}"
+        f"kueue_admit_per_s={res['rate']:.1f} idle_rss_mib={idle_rss:.0f} "
+        f"cpu_nodes={cpu_nodes} cpu_pod_ran={str(cpu_ran).lower()} "
+        f"image_build_s={image_build_s:.0f}"
     )
-    return 0 if admitted_ok and held_ok and e2e_ok else 1
+    cpu_ok = cpu_ran or not kc.CPU_NODE_ENABLED
+    return 0 if admitted_ok and held_ok and e2e_ok and cpu_ok else 1
 
 
 if __name__ == "__main__":

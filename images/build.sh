@@ -62,7 +62,8 @@ dtar() { # dtar <dir> <out.tar> [paths...]
 # ------------------------------------------------------------------ pause
 PAUSE_SRC_DIR() {
     local d
-    d="$(cd "$CACHE/build" 2>/dev/null && GOFLAGS=-mod=mod GOTOOLCHAIN=local GOWORK=off \
+    # outside any module: the module cache (shared with cluster/build.sh) has it
+    d="$(cd / && GOFLAGS= GOTOOLCHAIN=local GOWORK=off \
         go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" 2>/dev/null |
         sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')" || true
     [[ -n "$d" && -f "$d/build/pause/linux/pause.c" ]] || {
