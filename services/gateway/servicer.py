@@ -132,6 +132,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.operator_token_hash = operator_token_hash
         self.max_node_gpus = max_node_gpus
         self._keys: dict[str, tuple[float, KeyRow | None]] = {}
+        self._revocations = 0  # bumped by every revocation: see _cached_key
         self._profiles: dict[str, tuple[float, Profile | None]] = {}
         self._flavors: tuple[float, set[str]] = (0.0, set())
 
@@ -143,11 +144,16 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             raise PermissionDenied("this call needs the operator token")
 
     async def _cached_key(self, key_id: str) -> KeyRow | None:
+        """A key row, cached for CACHE_S: what bounds a revoked key's life on the other
+        gateway replicas (this one drops it as it revokes). A read that a revocation
+        overtook is not cached: it could hold the key as it was before."""
         hit = self._keys.get(key_id)
         if hit and time.monotonic() - hit[0] < CACHE_S:
             return hit[1]
+        before = self._revocations
         row = await self.store.key(key_id)
-        self._keys[key_id] = (time.monotonic(), row)
+        if self._revocations == before:
+            self._keys[key_id] = (time.monotonic(), row)
         return row
 
     async def _profile(self, tenant: str) -> Profile | None:
@@ -303,6 +309,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         row = await self.store.revoke_key(request.key_id, now_us())
         if row is None:
             raise NotFound(f"key {request.key_id[:32]!r} does not exist")
+        self._revocations += 1
         self._keys.pop(request.key_id, None)
         return gateway_pb2.RevokeApiKeyResponse(key=_key_wire(row))
 
