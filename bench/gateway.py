@@ -105,7 +105,8 @@ async def run(clients: int, seconds: float, rate: float, tenants: int, keep: boo
            "KESTREL_METER_ADDR": f"127.0.0.1:{ports['meter']}",
            "KESTREL_ADMISSION_ADDR": f"127.0.0.1:{ports['admission']}",
            **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
-           "KESTREL_METER_METRICS_PORT": "0", "KESTREL_ADMISSION_METRICS_PORT": "0"}
+           "KESTREL_METER_METRICS_PORT": "0", "KESTREL_ADMISSION_METRICS_PORT": "0",
+           "KESTREL_GATEWAY_METRICS_PORT": "0"}
     procs = [ServiceProcess(n, env, f"127.0.0.1:{ports[n]}", root / f"{n}.log")
              for n in ("meter", "gateway", "admission")]
     try:

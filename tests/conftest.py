@@ -124,6 +124,7 @@ class Plane:
                     "KESTREL_GATEWAY_PORT": str(self.ports["gateway"]),
                     "KESTREL_ADMISSION_PORT": str(self.ports["admission"]),
                     "KESTREL_METER_METRICS_PORT": "0", "KESTREL_ADMISSION_METRICS_PORT": "0",
+                    "KESTREL_GATEWAY_METRICS_PORT": "0",
                     "KESTREL_PRICES": "gpu-h100=0.01,gpu-a10=0.001",
                     "KESTREL_METER_TICK_S": "0.2", "KESTREL_METER_SETTLE_US": "0",
                     # No Kubernetes in this tier: no runway check, no placer.
