@@ -20,6 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
+from kestrel import natsauth
 from kestrel.service import pause_unless_stopped
 from kestrel.v1 import admission_pb2, common_pb2, events_pb2, meter_pb2
 from kestrel.validation import string_violations
@@ -95,7 +96,9 @@ STREAMS = [
 
 
 async def connect(url: str, name: str) -> NATS:
-    """Connect with unlimited reconnects: the services ride out a NATS restart."""
+    """Connect with unlimited reconnects: the services ride out a NATS restart. A URL
+    with a user (kestrel.natsauth) gets that user's own reply inbox prefix, the only
+    inbox its permissions let it subscribe to."""
 
     last = ""
 
@@ -113,10 +116,12 @@ async def connect(url: str, name: str) -> NATS:
         last = ""
         log.info("nats %s: reconnected", name)
 
+    user = natsauth.user_of(url)
+    extra: dict[str, Any] = {"inbox_prefix": natsauth.inbox_prefix(user)} if user else {}
     return await nats.connect(
         url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
         error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect,
-        pending_size=64 * 1024 * 1024,
+        pending_size=64 * 1024 * 1024, **extra,
     )
 
 

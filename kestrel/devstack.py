@@ -41,6 +41,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kestrel import natsauth
 from kestrel.pgroles import (
     LOGIN_ROLES,
     OWNER_ROLE,
@@ -218,6 +219,7 @@ class Stack:
     pids: dict[str, int] = field(default_factory=dict)
     durable: bool = True
     passwords: dict[str, str] = field(default_factory=dict)  # Postgres role -> password
+    nats_passwords: dict[str, str] = field(default_factory=dict)  # NATS user -> password
 
     # --- urls ----------------------------------------------------------------
 
@@ -251,16 +253,32 @@ class Stack:
                 "KESTREL_POSTGRES_READER_DSN": self.dsn(READER_ROLE, database),
                 "KESTREL_POSTGRES_DSN": self.dsn(READER_ROLE, database)}
 
+    def nats_url_for(self, user: str) -> str:
+        """URL of a NATS user (kestrel.natsauth): a service's own, `tap` or `admin`."""
+        password = self.nats_passwords.get(user, "")
+        if not password:  # a stack made before NATS had users
+            return f"nats://{HOST}:{self.nats_port}"
+        return natsauth.url(HOST, self.nats_port, user, password)
+
     @property
     def nats_url(self) -> str:
-        return f"nats://{HOST}:{self.nats_port}"
+        """The `admin` user: stream set-up, tests and benches. Services get their own."""
+        return self.nats_url_for(natsauth.ADMIN)
+
+    def service_nats_urls(self) -> dict[str, str]:
+        """KESTREL_<SERVICE>_NATS_URL for each service; KESTREL_NATS_URL, for whatever
+        has no user of its own (an operator's `kestrel tap`), is the read-only tap."""
+        out = {f"KESTREL_{svc.upper()}_NATS_URL": self.nats_url_for(svc)
+               for svc in natsauth.SERVICES}
+        return {**out, "KESTREL_NATS_URL": self.nats_url_for(natsauth.TAP),
+                "KESTREL_NATS_ADMIN_URL": self.nats_url}
 
     @property
     def redis_url(self) -> str:
         return f"redis://{HOST}:{self.redis_port}/0"
 
     def env(self) -> dict[str, str]:
-        return {**self.service_dsns(), "KESTREL_NATS_URL": self.nats_url,
+        return {**self.service_dsns(), **self.service_nats_urls(),
                 "KESTREL_REDIS_URL": self.redis_url}
 
     # --- state file ----------------------------------------------------------
@@ -424,9 +442,15 @@ class Stack:
         store.mkdir(exist_ok=True)
         if not (self.nats_port and self.nats_monitor_port):
             self.nats_port, self.nats_monitor_port = free_ports(2)
-        proc = self._spawn("nats", [
-            str(_nats_bin()), "-a", HOST, "-p", str(self.nats_port),
-            "--http_port", str(self.nats_monitor_port), "-js", "-sd", str(store)])
+        for user in natsauth.GRANTS:
+            self.nats_passwords.setdefault(user, secrets.token_hex(16))
+        self.save()
+        conf = self.root / "nats.conf"  # holds the users' passwords: owner-only
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(natsauth.server_config(HOST, self.nats_port, self.nats_monitor_port,
+                                           str(store), self.nats_passwords))
+        proc = self._spawn("nats", [str(_nats_bin()), "-c", str(conf)])
 
         def ready() -> bool:
             url = f"http://{HOST}:{self.nats_monitor_port}/healthz?js-enabled-only=true"

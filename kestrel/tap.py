@@ -17,7 +17,7 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from kestrel import bus
+from kestrel import bus, natsauth
 
 
 def render(msg: Msg) -> str:
@@ -68,9 +68,12 @@ async def connect(url: str, err: TextIO = sys.stderr) -> NATS:
         last = ""
         say("nats reconnected")
 
+    user = natsauth.user_of(url)  # the operators' read-only `tap` user, usually
+    extra: dict[str, Any] = {"inbox_prefix": natsauth.inbox_prefix(user)} if user else {}
     client.append(await nats.connect(
         url, name="kestrel-tap", max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-        error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect))
+        error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect,
+        **extra))
     return client[0]
 
 

@@ -76,9 +76,10 @@ async def clean_bus(stack: Stack) -> AsyncIterator[str]:
 
 @pytest.fixture
 def service_env(stack: Stack, database: str, clean_bus: str) -> dict[str, str]:
-    """As an operator's: each service connects as its own role, migrations as the owner."""
-    return {**stack.service_dsns(_db_name(database)), "KESTREL_NATS_URL": clean_bus,
-            "KESTREL_REDIS_URL": stack.redis_url}
+    """As an operator's: each service connects to Postgres as its own role (migrations
+    as the owner) and to NATS as its own user (kestrel.natsauth)."""
+    return {**stack.service_dsns(_db_name(database)), **stack.service_nats_urls(),
+            "KESTREL_NATS_URL": clean_bus, "KESTREL_REDIS_URL": stack.redis_url}
 
 
 @pytest.fixture
