@@ -36,6 +36,12 @@ PY="${PY:-$ROOT/.venv/bin/python}"
 [[ -x "$PY" ]] || PY=python3
 mkdir -p "$OUT"
 export SOURCE_DATE_EPOCH=0
+# One build at a time per cache (two clusters, or two test sessions, may ask at once;
+# the second then finds the stages cached).
+exec 9>"$OUT/.lock"
+flock 9
+# Holding the lock, any work directory left here is from a run that was killed.
+rm -rf "$OUT"/pause.???? "$OUT"/deps.???? "$OUT"/app.???? "$OUT"/oci.*
 
 T0=$SECONDS
 # Work directories of this run are removed however it ends (cached stages are renamed
@@ -43,9 +49,14 @@ T0=$SECONDS
 WORKDIRS=()
 cleanup() { local d; for d in "${WORKDIRS[@]}"; do rm -rf "$d"; done; }
 trap cleanup EXIT
+trap 'exit 130' INT TERM  # (the EXIT trap then cleans up)
 wdir() { local d; d="$(mktemp -d "$OUT/$1.XXXX")"; WORKDIRS+=("$d"); echo "$d"; }
 log() { echo "[images $(date -u +%H:%M:%S) +$((SECONDS - T0))s] $*"; }
 h() { sha256sum | cut -c1-16; }
+umount_under() { # unmount (lazily) everything mounted below a directory, deepest first
+    awk -v d="$1/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r |
+        while IFS= read -r m; do umount -l "$m" || true; done
+}
 human() { numfmt --to=iec-i --suffix=B "$1"; }
 
 # Deterministic tar of a directory (sorted names, mtime 0, root-owned, no /dev nodes).
@@ -100,6 +111,7 @@ build_base() { # -> $OUT/base-<key>/rootfs (kept: the deps stage chroots into a 
     local key; key="$(base_key)"
     BASE_DIR="$OUT/base-$key"; BASE_KEY="$key"
     if [[ -f "$BASE_DIR/layer.tar" ]]; then log "base: cached (debian $SUITE, key $key)"; return; fi
+    umount_under "$BASE_DIR"  # a killed debootstrap leaves /proc, /sys mounted there
     rm -rf "$BASE_DIR" && mkdir -p "$BASE_DIR"
     log "base: debootstrap --variant=minbase $SUITE from $MIRROR (+$BASE_PACKAGES); ~2 min"
     # -- base
