@@ -116,7 +116,8 @@ APISERVER_KEEP = ("apiserver_request_total|apiserver_request_duration_seconds_(b
 def scrape_config(services: Mapping[str, str], root: Path, *, kube: KubeScrape | None,
                   scrape_interval_s: float = 5.0, rules_dir: Path = RULES_DIR) -> dict[str, Any]:
     """prometheus.yml as a dict. `services`: name -> host:port of its /metrics."""
-    interval = f"{max(1, round(scrape_interval_s * 1000))}ms"
+    ms = max(1, round(scrape_interval_s * 1000))
+    interval = f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
     jobs: list[dict[str, Any]] = [
         {"job_name": f"kestrel-{name}",
          "static_configs": [{"targets": [addr], "labels": {"service": name}}]}

@@ -57,4 +57,6 @@ def test_without_the_cluster_only_kestrel_is_scraped(tmp_path: Path) -> None:
                                       scrape_interval_s=1)
     assert [j["job_name"] for j in config["scrape_configs"]] == [
         "kestrel-meter", "kestrel-model-workers"]
-    assert config["global"]["scrape_interval"] == "1000ms"
+    assert config["global"]["scrape_interval"] == "1s"
+    assert prometheus.scrape_config({}, tmp_path, kube=None, scrape_interval_s=0.5)[
+        "global"]["scrape_interval"] == "500ms"
