@@ -136,6 +136,12 @@ async def test_every_panel_query_returns_series_from_the_live_plane(
     assert not missing, (f"dead panels (no series after 60 s): {sorted(missing)}; "
                          f"targets not up: {down}")
     assert not down, f"targets not up: {down}"
+    consumers = {r["metric"]["consumer"] for r in await asyncio.to_thread(
+        prom.query, "kestrel_consumer_pending_messages")}
+    assert consumers == {"meter", "admission", "placer"}
+    answered = {r["metric"]["job"] for r in await asyncio.to_thread(
+        prom.query, "sum by (job) (kestrel_grpc_server_handled_total)")}
+    assert answered >= {"kestrel-gateway", "kestrel-admission", "kestrel-meter"}
     rules = [r for g in (await asyncio.to_thread(prom.api, "rules"))["groups"]
              for r in g["rules"]]
     assert len(rules) == 8 and all(r["health"] == "ok" for r in rules), rules
