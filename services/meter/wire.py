@@ -10,7 +10,18 @@ from services.meter.domain import Event, EventType, Reason, Row, RunwayFigures
 
 
 class BadEvent(ValueError):
-    """A workload event the meter cannot meter; it is terminated, not retried."""
+    """A workload event the meter cannot meter; it is parked, not retried."""
+
+
+# Bounds of a meterable event: instants between 2001 and 2286 in microseconds (outside
+# is a unit mistake: seconds or ns), at most MAX_GPUS GPUs. Together they keep every
+# row in range: gpus x (end_us - start_us) < 1024 x 9e15 < 2**63, the ledger's bigint.
+# (An ADMITTED event of 2**31-1 GPUs at time_us=1 passed before: its first tick
+# overflowed gpu_us, the tick transaction failed, and no tenant's usage was metered
+# again.)
+MIN_US, MAX_US = 1_000_000_000_000_000, 9_999_999_999_999_999
+MAX_GPUS = 1024
+MAX_BOUND_S = 10 * 366 * 86_400
 
 
 def event_from_wire(msg: events_pb2.WorkloadEvent) -> Event:
@@ -23,16 +34,16 @@ def event_from_wire(msg: events_pb2.WorkloadEvent) -> Event:
         problems.append("workload_id is empty")
     if msg.type not in {t.value for t in EventType}:
         problems.append(f"type {msg.type} is unknown")
-    if msg.time_us <= 0:
-        problems.append("time_us must be positive")
+    if not MIN_US <= msg.time_us <= MAX_US:
+        problems.append("time_us must be microseconds since the epoch (2001..2286)")
     if int(msg.type) == int(EventType.ADMITTED) and msg.gpus <= 0:
         problems.append("an admission needs gpus > 0")
-    if msg.gpus < 0:
-        problems.append("gpus is negative")
+    if not 0 <= msg.gpus <= MAX_GPUS:
+        problems.append(f"gpus must be between 0 and {MAX_GPUS}")
     if problems:
         raise BadEvent("; ".join(problems))
-    if msg.max_duration_s < 0:
-        raise BadEvent("max_duration_s is negative")
+    if not 0 <= msg.max_duration_s <= MAX_BOUND_S:
+        raise BadEvent(f"max_duration_s must be between 0 and {MAX_BOUND_S}")
     return Event(msg.event_id, msg.tenant, msg.workload_id, int(msg.kind),
                  EventType(msg.type), msg.time_us, msg.flavor, msg.gpus, msg.max_duration_s)
 

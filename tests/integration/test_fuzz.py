@@ -51,6 +51,7 @@ import pytest
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
+from nats.errors import MaxPayloadError
 from nats.js.api import DeliverPolicy
 
 from kestrel import bus
@@ -492,9 +493,27 @@ def bus_cases(draw: st.DrawFn, subject_root: str, cls: type[Any],
                    header if kind == "absurd" else ())
 
 
-async def publish_raw(js: Any, case: BusCase) -> None:
+# An ADMITTED event of 2**31-1 GPUs at time_us=1 (the epoch's first microsecond): its
+# first tick overflowed the ledger's bigint gpu_us, the tick failed on every retry and
+# no tenant was metered again (consumers drained: only the ledger showed it). Fixed in
+# services/meter/wire.py: bounds no row can overflow; such an event is parked.
+BUS_REGRESSIONS: dict[str, list[BusCase]] = {"kestrel.workload.>": [BusCase(
+    "kestrel.workload.fuzz-a.admitted", "absurd", events_pb2.WorkloadEvent(
+        event_id="absurd-1", tenant="fuzz-a", workload_id="w-absurd",
+        kind=common_pb2.WORKLOAD_KIND_JOB, type=1,  # type: ignore[arg-type]
+        time_us=1, flavor="gpu-h100", gpus=2**31 - 1).SerializeToString(),
+    (("Kestrel-Type", WORKLOAD),))]}
+
+
+async def publish_raw(js: Any, case: BusCase) -> bool:
+    """Publish as it is; False when NATS itself refuses it (over its max payload, 1 MiB):
+    no consumer can ever see such a message."""
     headers = {**dict(case.headers), "Nats-Msg-Id": f"fuzz-{uuid.uuid4().hex}"}
-    await js.publish(case.subject, case.data, headers=headers, timeout=5)
+    try:
+        await js.publish(case.subject, case.data, headers=headers, timeout=5)
+    except MaxPayloadError:
+        return False
+    return True
 
 
 def fuzz_bus(nats_url: str, vocabulary: Sequence[str], examples: int) -> dict[str, Counter[str]]:
@@ -514,11 +533,15 @@ def fuzz_bus(nats_url: str, vocabulary: Sequence[str], examples: int) -> dict[st
                       suppress_health_check=list(HealthCheck))
             @given(case=bus_cases(root, cls, vocabulary))
             def fuzz(case: BusCase) -> None:
-                loop.run_until_complete(publish_raw(js, case))
+                if not loop.run_until_complete(publish_raw(js, case)):
+                    sent["published"]["over NATS' max payload"] += 1
+                    return
                 sent["published"][case.kind] += 1
                 for name in readers:
                     sent[name][case.kind] += 1
 
+            for case in BUS_REGRESSIONS.get(root, []):
+                fuzz = example(case=case)(fuzz)
             return fuzz
 
         for root, cls in sorted({(root, cls) for root, cls in CONSUMERS.values()},
@@ -582,8 +605,9 @@ async def fuzz_consumers(plane: Plane, database: str, clean_bus: str, placer: Fa
             "KESTREL_WORKLOADS" if n != "placer" else "KESTREL_JOBS", n) for n in CONSUMERS}
         drained = {n: not (i.num_pending or i.num_ack_pending) for n, i in infos.items()}
         return {
+            # Ledger rows, not just an allocation: the meter's tick goes on too.
             "meter": drained["meter"] and bool(await db.fetchval(
-                "SELECT count(*) FROM allocations WHERE workload_id = $1", job.job_id)),
+                "SELECT count(*) FROM ledger WHERE workload_id = $1", job.job_id)),
             "admission": drained["admission"] and await db.fetchval(
                 "SELECT state FROM jobs WHERE job_id = $1", job.job_id)
             == common_pb2.JOB_STATE_RUNNING,

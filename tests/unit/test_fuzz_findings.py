@@ -115,3 +115,33 @@ def test_tap_shows_a_dead_letter_with_its_origin_and_reason() -> None:
     assert line["deadletter"] == {"subject": "kestrel.workload.a.admitted",
                                   "reason": "does not decode", "type": WORKLOAD}
     assert line["raw_base64"] == "/wA="
+
+
+def _event(**kw: object) -> events_pb2.WorkloadEvent:
+    base: dict[str, object] = {"event_id": "e", "tenant": "acme", "workload_id": "w",
+                               "kind": common_pb2.WORKLOAD_KIND_JOB, "type": 1,
+                               "time_us": 1_700_000_000_000_000, "gpus": 8,
+                               "flavor": "gpu-h100"}
+    base.update(kw)
+    return events_pb2.WorkloadEvent(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kw", [
+    # Found by the bus fuzz: its first tick overflowed the ledger's bigint gpu_us, the
+    # tick transaction failed every time and no tenant was metered again.
+    {"gpus": 2**31 - 1, "time_us": 1},
+    {"gpus": 1025}, {"time_us": 1}, {"time_us": 2**63 - 1}, {"max_duration_s": 2**62},
+    {"gpus": -1}])
+def test_an_event_no_ledger_row_can_hold_is_bad(kw: dict[str, object]) -> None:
+    from services.meter.wire import BadEvent, event_from_wire
+
+    with pytest.raises(BadEvent):
+        event_from_wire(_event(**kw))
+
+
+def test_the_widest_meterable_event_fits_a_bigint_row() -> None:
+    from services.meter.wire import MAX_GPUS, MAX_US, MIN_US, event_from_wire
+
+    assert MAX_GPUS * (MAX_US - MIN_US) < 2**63
+    event_from_wire(_event(gpus=MAX_GPUS, time_us=MIN_US))
+    event_from_wire(_event(gpus=MAX_GPUS, time_us=MAX_US, type=3))
