@@ -60,3 +60,20 @@ def test_without_the_cluster_only_kestrel_is_scraped(tmp_path: Path) -> None:
     assert config["global"]["scrape_interval"] == "1s"
     assert prometheus.scrape_config({}, tmp_path, kube=None, scrape_interval_s=0.5)[
         "global"]["scrape_interval"] == "500ms"
+
+
+def test_worker_targets_are_a_file_sd_list_prometheus_reads(tmp_path: Path) -> None:
+    path = prometheus.write_worker_targets(tmp_path, [
+        ("127.0.0.1:9200", {"tenant": "acme", "endpoint": "embed", "replica": "0"})])
+    assert json.loads(path.read_text()) == [
+        {"targets": ["127.0.0.1:9200"],
+         "labels": {"tenant": "acme", "endpoint": "embed", "replica": "0"}}]
+    config = prometheus.scrape_config({}, tmp_path, kube=None)
+    assert config["scrape_configs"][0]["file_sd_configs"][0]["files"] == [str(path)]
+    prometheus.write_config(tmp_path, config)  # keeps the list it finds
+    assert len(json.loads(path.read_text())) == 1
+    promtool = shutil.which("promtool")
+    if promtool is not None:
+        result = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
