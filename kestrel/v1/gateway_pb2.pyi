@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from kestrel.v1 import common_pb2 as _common_pb2
 from kestrel.v1 import meter_pb2 as _meter_pb2
 import builtins as _builtins
@@ -19,6 +20,30 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _InferPriority:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _InferPriorityEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_InferPriority.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    INFER_PRIORITY_UNSPECIFIED: _InferPriority.ValueType  # 0
+    """Same as INFER_PRIORITY_NORMAL."""
+    INFER_PRIORITY_LOW: _InferPriority.ValueType  # 1
+    INFER_PRIORITY_NORMAL: _InferPriority.ValueType  # 2
+    INFER_PRIORITY_HIGH: _InferPriority.ValueType  # 3
+
+class InferPriority(_InferPriority, metaclass=_InferPriorityEnumTypeWrapper):
+    """Priority class of an Infer call: a replica serves higher classes first, with a
+    starvation guard (a request waiting longer than the worker's starvation age goes first).
+    """
+
+INFER_PRIORITY_UNSPECIFIED: InferPriority.ValueType  # 0
+"""Same as INFER_PRIORITY_NORMAL."""
+INFER_PRIORITY_LOW: InferPriority.ValueType  # 1
+INFER_PRIORITY_NORMAL: InferPriority.ValueType  # 2
+INFER_PRIORITY_HIGH: InferPriority.ValueType  # 3
+Global___InferPriority: _TypeAlias = InferPriority  # noqa: Y015
 
 @_typing.final
 class RateLimit(_message.Message):
@@ -1042,20 +1067,29 @@ class InferRequest(_message.Message):
 
     ENDPOINT_ID_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     endpoint_id: _builtins.str
+    priority: Global___InferPriority.ValueType
+    timeout_ms: _builtins.int
+    """How long the caller waits, in milliseconds (1..60000); 0 = the call's gRPC deadline,
+    else 10 s. The shorter of the two holds. A request still queued then is not computed.
+    """
     @_builtins.property
     def inputs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Texts to embed, 1..256 of them."""
+        """Texts to embed, 1..256 of them; each is cut at the model's 256 word pieces."""
 
     def __init__(
         self,
         *,
         endpoint_id: _builtins.str = ...,
         inputs: _abc.Iterable[_builtins.str] | None = ...,
+        priority: Global___InferPriority.ValueType = ...,
+        timeout_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "inputs", b"inputs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "inputs", b"inputs", "priority", b"priority", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1089,13 +1123,23 @@ class InferResponse(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     LATENCY_MS_FIELD_NUMBER: _builtins.int
     REPLICA_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    MAX_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    QUEUE_MS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     latency_ms: _builtins.float
     """Server-side latency of the batch that served this request."""
     replica: _builtins.str
     """Replica that served it."""
+    max_input_tokens: _builtins.int
+    queue_ms: _builtins.float
+    """Time the request waited in the endpoint's queue before its batch started."""
     @_builtins.property
     def embeddings(self) -> _containers.RepeatedCompositeFieldContainer[Global___Embedding]: ...
+    @_builtins.property
+    def truncated(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Indexes of the inputs cut at the model's limit of max_input_tokens word pieces."""
+
     def __init__(
         self,
         *,
@@ -1103,10 +1147,13 @@ class InferResponse(_message.Message):
         model: _builtins.str = ...,
         latency_ms: _builtins.float = ...,
         replica: _builtins.str = ...,
+        truncated: _abc.Iterable[_builtins.int] | None = ...,
+        max_input_tokens: _builtins.int = ...,
+        queue_ms: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["embeddings", b"embeddings", "latency_ms", b"latency_ms", "model", b"model", "replica", b"replica"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["embeddings", b"embeddings", "latency_ms", b"latency_ms", "max_input_tokens", b"max_input_tokens", "model", b"model", "queue_ms", b"queue_ms", "replica", b"replica", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

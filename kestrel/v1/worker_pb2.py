@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kestrel/v1/worker.proto\x12\nkestrel.v1\"\x84\x01\n\rWorkerRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\x12\x0e\n\x06inputs\x18\x03 \x03(\t\x12\x10\n\x08reply_to\x18\x04 \x01(\t\x12\x13\n\x0b\x65nqueued_us\x18\x05 \x01(\x03\x12\x13\n\x0b\x64\x65\x61\x64line_us\x18\x06 \x01(\x03\"\x95\x01\n\x0bWorkerReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\nembeddings\x18\x02 \x03(\x0b\x32\x1b.kestrel.v1.WorkerEmbedding\x12\r\n\x05model\x18\x03 \x01(\t\x12\x12\n\nlatency_ms\x18\x04 \x01(\x01\x12\x0f\n\x07replica\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"!\n\x0fWorkerEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"|\n\x0fWorkerHeartbeat\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\x12\x0f\n\x07time_us\x18\x03 \x01(\x03\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x0e\n\x06p95_ms\x18\x05 \x01(\x01\x12\x0e\n\x06served\x18\x06 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kestrel/v1/worker.proto\x12\nkestrel.v1\"\xa6\x01\n\rWorkerRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\x12\x0e\n\x06inputs\x18\x03 \x03(\t\x12\x10\n\x08reply_to\x18\x04 \x01(\t\x12\x13\n\x0b\x65nqueued_us\x18\x05 \x01(\x03\x12\x13\n\x0b\x64\x65\x61\x64line_us\x18\x06 \x01(\x03\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x10\n\x08priority\x18\x08 \x01(\x05\"\xd4\x01\n\x0bWorkerReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12/\n\nembeddings\x18\x02 \x03(\x0b\x32\x1b.kestrel.v1.WorkerEmbedding\x12\r\n\x05model\x18\x03 \x01(\t\x12\x12\n\nlatency_ms\x18\x04 \x01(\x01\x12\x0f\n\x07replica\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x11\n\ttruncated\x18\x07 \x03(\x05\x12\x18\n\x10max_input_tokens\x18\x08 \x01(\x05\x12\x10\n\x08queue_ms\x18\t \x01(\x01\"!\n\x0fWorkerEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\xc7\x01\n\x0fWorkerHeartbeat\x12\x0f\n\x07replica\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\x12\x0f\n\x07time_us\x18\x03 \x01(\x03\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x0e\n\x06p95_ms\x18\x05 \x01(\x01\x12\x0e\n\x06served\x18\x06 \x01(\x03\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x0f\n\x07\x62\x61tches\x18\x08 \x01(\x03\x12\x0f\n\x07\x65xpired\x18\t \x01(\x03\x12\x17\n\x0fmean_batch_size\x18\n \x01(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,11 +32,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kestrel.v1.worker_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WORKERREQUEST']._serialized_start=40
-  _globals['_WORKERREQUEST']._serialized_end=172
-  _globals['_WORKERREPLY']._serialized_start=175
-  _globals['_WORKERREPLY']._serialized_end=324
-  _globals['_WORKEREMBEDDING']._serialized_start=326
-  _globals['_WORKEREMBEDDING']._serialized_end=359
-  _globals['_WORKERHEARTBEAT']._serialized_start=361
-  _globals['_WORKERHEARTBEAT']._serialized_end=485
+  _globals['_WORKERREQUEST']._serialized_end=206
+  _globals['_WORKERREPLY']._serialized_start=209
+  _globals['_WORKERREPLY']._serialized_end=421
+  _globals['_WORKEREMBEDDING']._serialized_start=423
+  _globals['_WORKEREMBEDDING']._serialized_end=456
+  _globals['_WORKERHEARTBEAT']._serialized_start=459
+  _globals['_WORKERHEARTBEAT']._serialized_end=658
 # @@protoc_insertion_point(module_scope)

@@ -22,7 +22,8 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class WorkerRequest(_message.Message):
     """Payloads on the Redis streams between the gateway and model workers.
 
-    Stream `kestrel:ep:<endpoint_id>:requests`.
+    Stream `kestrel:ep:<endpoint_id>:requests:<low|normal|high>`, consumer group `workers`
+    (kestrel/endpoints.py names every key).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -33,13 +34,18 @@ class WorkerRequest(_message.Message):
     REPLY_TO_FIELD_NUMBER: _builtins.int
     ENQUEUED_US_FIELD_NUMBER: _builtins.int
     DEADLINE_US_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     endpoint_id: _builtins.str
     reply_to: _builtins.str
-    """Redis list the gateway waits on for the reply."""
+    """Redis stream of the gateway that waits for the reply (one per gateway process)."""
     enqueued_us: _builtins.int
     deadline_us: _builtins.int
     """The gateway stops waiting at this instant; a worker skips expired work."""
+    tenant: _builtins.str
+    priority: _builtins.int
+    """1 low, 2 normal, 3 high (kestrel.v1.InferPriority)."""
     @_builtins.property
     def inputs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -51,10 +57,12 @@ class WorkerRequest(_message.Message):
         reply_to: _builtins.str = ...,
         enqueued_us: _builtins.int = ...,
         deadline_us: _builtins.int = ...,
+        tenant: _builtins.str = ...,
+        priority: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_us", b"deadline_us", "endpoint_id", b"endpoint_id", "enqueued_us", b"enqueued_us", "inputs", b"inputs", "reply_to", b"reply_to", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_us", b"deadline_us", "endpoint_id", b"endpoint_id", "enqueued_us", b"enqueued_us", "inputs", b"inputs", "priority", b"priority", "reply_to", b"reply_to", "request_id", b"request_id", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -72,14 +80,23 @@ class WorkerReply(_message.Message):
     LATENCY_MS_FIELD_NUMBER: _builtins.int
     REPLICA_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    MAX_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    QUEUE_MS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     model: _builtins.str
     latency_ms: _builtins.float
     replica: _builtins.str
     error: _builtins.str
     """Non-empty when the worker could not serve the request."""
+    max_input_tokens: _builtins.int
+    queue_ms: _builtins.float
     @_builtins.property
     def embeddings(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerEmbedding]: ...
+    @_builtins.property
+    def truncated(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Indexes of the inputs cut at max_input_tokens word pieces."""
+
     def __init__(
         self,
         *,
@@ -89,10 +106,13 @@ class WorkerReply(_message.Message):
         latency_ms: _builtins.float = ...,
         replica: _builtins.str = ...,
         error: _builtins.str = ...,
+        truncated: _abc.Iterable[_builtins.int] | None = ...,
+        max_input_tokens: _builtins.int = ...,
+        queue_ms: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["embeddings", b"embeddings", "error", b"error", "latency_ms", b"latency_ms", "model", b"model", "replica", b"replica", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["embeddings", b"embeddings", "error", b"error", "latency_ms", b"latency_ms", "max_input_tokens", b"max_input_tokens", "model", b"model", "queue_ms", b"queue_ms", "replica", b"replica", "request_id", b"request_id", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -130,12 +150,21 @@ class WorkerHeartbeat(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _builtins.int
     P95_MS_FIELD_NUMBER: _builtins.int
     SERVED_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
+    EXPIRED_FIELD_NUMBER: _builtins.int
+    MEAN_BATCH_SIZE_FIELD_NUMBER: _builtins.int
     replica: _builtins.str
     endpoint_id: _builtins.str
     time_us: _builtins.int
     batch_size: _builtins.int
     p95_ms: _builtins.float
     served: _builtins.int
+    tenant: _builtins.str
+    batches: _builtins.int
+    """Batches run, requests skipped because their deadline had passed."""
+    expired: _builtins.int
+    mean_batch_size: _builtins.float
     def __init__(
         self,
         *,
@@ -145,10 +174,14 @@ class WorkerHeartbeat(_message.Message):
         batch_size: _builtins.int = ...,
         p95_ms: _builtins.float = ...,
         served: _builtins.int = ...,
+        tenant: _builtins.str = ...,
+        batches: _builtins.int = ...,
+        expired: _builtins.int = ...,
+        mean_batch_size: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "endpoint_id", b"endpoint_id", "p95_ms", b"p95_ms", "replica", b"replica", "served", b"served", "time_us", b"time_us"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "batches", b"batches", "endpoint_id", b"endpoint_id", "expired", b"expired", "mean_batch_size", b"mean_batch_size", "p95_ms", b"p95_ms", "replica", b"replica", "served", b"served", "tenant", b"tenant", "time_us", b"time_us"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
