@@ -72,6 +72,12 @@ class Unavailable(KestrelError):
         self.retry_after_s = retry_after_s
 
 
+class DeadlineExceeded(KestrelError):
+    """The caller's deadline passed before the work was done (it is then not done)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 class Unimplemented(KestrelError):
     code = grpc.StatusCode.UNIMPLEMENTED
 

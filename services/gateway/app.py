@@ -27,6 +27,7 @@ from kestrel.v1 import (
 )
 from services.gateway import ratelimit
 from services.gateway.auth import hash_secret
+from services.gateway.infer import InferBackend, ReplyHub
 from services.gateway.ratelimit import RateLimiter
 from services.gateway.servicer import GatewayServicer
 from services.gateway.store import MIGRATIONS, GatewayStore
@@ -48,6 +49,7 @@ class GatewayConfig:
     max_node_gpus: int
     redis_max_connections: int
     redis_wait_s: float
+    worker_heartbeat_s: float = 1.0
 
     @classmethod
     def from_env(cls) -> GatewayConfig:
@@ -61,7 +63,8 @@ class GatewayConfig:
                    env_str("KESTREL_OPERATOR_TOKEN_FILE", ".run/operator-token"),
                    env_int("KESTREL_MAX_NODE_GPUS", 8),
                    env_int("KESTREL_GATEWAY_REDIS_MAX_CONNECTIONS", 32),
-                   env_float("KESTREL_GATEWAY_REDIS_WAIT_S", 2.0))
+                   env_float("KESTREL_GATEWAY_REDIS_WAIT_S", 2.0),
+                   env_float("KESTREL_WORKER_HEARTBEAT_S", 1.0))
 
 
 def operator_token_hash(config: GatewayConfig) -> str:
@@ -88,11 +91,14 @@ async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
     admission_ch = grpc.aio.insecure_channel(config.admission_addr)
     meter_ch = grpc.aio.insecure_channel(config.meter_addr)
     placer_ch = grpc.aio.insecure_channel(config.placer_addr) if config.placer_addr else None
+    hub = ReplyHub(config.endpoints.redis_url)  # Infer's replies: one reader per gateway
+    hub.start()
     servicer = GatewayServicer(
         store, RateLimiter(redis), admission_pb2_grpc.AdmissionStub(admission_ch),
         meter_pb2_grpc.MeterStub(meter_ch), nc, operator_token_hash(config),
         config.max_node_gpus,
-        placer_pb2_grpc.PlacerStub(placer_ch) if placer_ch is not None else None)
+        placer_pb2_grpc.PlacerStub(placer_ch) if placer_ch is not None else None,
+        InferBackend(redis, hub, config.worker_heartbeat_s))
     registry = CollectorRegistry()
     server = Server(config.host, config.grpc_port,
                     [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],
@@ -106,4 +112,4 @@ async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
     finally:
         channels = [admission_ch, meter_ch, *([placer_ch] if placer_ch is not None else [])]
         await drain(server, [], task_timeout_s=0, http=http, nc=nc, pool=pool,
-                    closers=[*(c.close for c in channels), redis.aclose])
+                    closers=[*(c.close for c in channels), hub.close, redis.aclose])

@@ -31,7 +31,6 @@ from kestrel.errors import (
     ResourceExhausted,
     Unauthenticated,
     Unavailable,
-    Unimplemented,
     Violations,
     details_of,
 )
@@ -52,6 +51,14 @@ from kestrel.v1 import (
     placer_pb2_grpc,
 )
 from services.gateway import auth
+from services.gateway.endpoint_checks import (
+    check_endpoint_id,
+    check_endpoint_spec,
+    check_infer,
+    normalised_spec,
+)
+from services.gateway.endpoint_store import EndpointRow, EndpointStore
+from services.gateway.infer import InferBackend
 from services.gateway.ratelimit import RateLimiter
 from services.gateway.store import GatewayStore, KeyRow, Profile
 from services.gateway.validation import (
@@ -122,8 +129,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def __init__(self, store: GatewayStore, limiter: RateLimiter,
                  admission: admission_pb2_grpc.AdmissionStub, meter: meter_pb2_grpc.MeterStub,
                  nc: NATS, operator_token_hash: str, max_node_gpus: int,
-                 placer: placer_pb2_grpc.PlacerStub | None = None) -> None:
+                 placer: placer_pb2_grpc.PlacerStub | None = None,
+                 infer_backend: InferBackend | None = None) -> None:
         self.placer = placer
+        self.infer_backend = infer_backend
+        self.endpoint_store = EndpointStore(store.pool)
+        self._endpoint_rows: dict[tuple[str, str], tuple[float, EndpointRow | None]] = {}
         self.store = store
         self.limiter = limiter
         self.admission = admission
@@ -466,33 +477,103 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return gateway_pb2.ListMyUsageResponse(rows=resp.rows,
                                                next_page_token=resp.next_page_token)
 
-    # --- tenant: endpoints (the endpoints issue) ------------------------------
+    # --- tenant: endpoints (issue 13; replicas are host processes for now) ------
 
-    async def _endpoints(self, context: Ctx) -> None:
-        await self._tenant(context)
-        raise Unimplemented("inference endpoints are not available yet on this gateway")
+    async def _endpoint(self, tenant: str, endpoint_id: str,
+                        cached: bool = False) -> EndpointRow:
+        """The caller's live endpoint; another tenant's is one that never existed. Infer
+        reads through a CACHE_S cache (a deletion on another gateway holds within it)."""
+        v = Violations()
+        check_endpoint_id(v, endpoint_id)
+        v.raise_if_any()
+        key = (tenant, endpoint_id)
+        hit = self._endpoint_rows.get(key) if cached else None
+        if hit and time.monotonic() - hit[0] < CACHE_S:
+            row = hit[1]
+        else:
+            row = await self.endpoint_store.get(tenant, endpoint_id)
+            self._endpoint_rows[key] = (time.monotonic(), row)
+            if len(self._endpoint_rows) > 10_000:
+                self._endpoint_rows.clear()
+        if row is None:
+            raise NotFound(f"endpoint {endpoint_id} not found")
+        if row.deleted_us:
+            raise NotFound(f"endpoint {endpoint_id} was deleted")
+        return row
+
+    async def _endpoint_wire(self, row: EndpointRow) -> common_pb2.Endpoint:
+        ready = await self.infer_backend.ready_replicas(row.endpoint_id) \
+            if self.infer_backend is not None else 0
+        reason = "" if ready else (
+            "no ready replica: replicas are host processes started with "
+            f"KESTREL_WORKER_ENDPOINT={row.endpoint_id} until Kubernetes placement lands")
+        return common_pb2.Endpoint(endpoint_id=row.endpoint_id, tenant=row.tenant,
+                                   spec=row.spec, replicas=ready, ready_replicas=ready,
+                                   reason=reason, created_us=row.created_us)
 
     async def CreateEndpoint(self, request: gateway_pb2.CreateEndpointRequest,
                              context: Ctx) -> gateway_pb2.CreateEndpointResponse:
-        await self._endpoints(context)
-        raise AssertionError("unreachable")
+        tenant = await self._tenant(context)
+        v = Violations()
+        check_endpoint_spec(v, request.spec, await self._flavor_names(), self.max_node_gpus)
+        v.raise_if_any()
+        if tenant.suspended:
+            raise FailedPrecondition(f"tenant {tenant.tenant!r} is suspended")
+        row = await self.endpoint_store.insert(f"ep-{uuid.uuid4().hex[:16]}", tenant.tenant,
+                                               normalised_spec(request.spec), now_us())
+        if row is None:
+            raise AlreadyExists(f"an endpoint named {request.spec.name!r} exists")
+        return gateway_pb2.CreateEndpointResponse(endpoint=await self._endpoint_wire(row))
 
     async def GetEndpoint(self, request: gateway_pb2.GetEndpointRequest,
                           context: Ctx) -> gateway_pb2.GetEndpointResponse:
-        await self._endpoints(context)
-        raise AssertionError("unreachable")
+        tenant = await self._tenant(context)
+        row = await self._endpoint(tenant.tenant, request.endpoint_id)
+        return gateway_pb2.GetEndpointResponse(endpoint=await self._endpoint_wire(row))
 
     async def ListEndpoints(self, request: gateway_pb2.ListEndpointsRequest,
                             context: Ctx) -> gateway_pb2.ListEndpointsResponse:
-        await self._endpoints(context)
-        raise AssertionError("unreachable")
+        tenant = await self._tenant(context)
+        v = Violations()
+        size = check_page(v, request.page_size)
+        query = ("endpoints", tenant.tenant)
+        after = after_int(v, request.page_token, query)
+        v.raise_if_any()
+        rows = await self.endpoint_store.live(tenant.tenant, after, size + 1)
+        token = encode_token(rows[size - 1].seq, query) if len(rows) > size else ""
+        return gateway_pb2.ListEndpointsResponse(
+            endpoints=[await self._endpoint_wire(r) for r in rows[:size]],
+            next_page_token=token)
 
     async def DeleteEndpoint(self, request: gateway_pb2.GatewayDeleteEndpointRequest,
                              context: Ctx) -> gateway_pb2.GatewayDeleteEndpointResponse:
-        await self._endpoints(context)
-        raise AssertionError("unreachable")
+        tenant = await self._tenant(context)
+        v = Violations()
+        check_endpoint_id(v, request.endpoint_id)
+        v.raise_if_any()
+        if await self.endpoint_store.get(tenant.tenant, request.endpoint_id) is None:
+            raise NotFound(f"endpoint {request.endpoint_id} not found")
+        deleted = await self.endpoint_store.delete(tenant.tenant, request.endpoint_id, now_us())
+        self._endpoint_rows.pop((tenant.tenant, request.endpoint_id), None)
+        return gateway_pb2.GatewayDeleteEndpointResponse(deleted=deleted)
 
     async def Infer(self, request: gateway_pb2.InferRequest,
                     context: Ctx) -> gateway_pb2.InferResponse:
-        await self._endpoints(context)
-        raise AssertionError("unreachable")
+        tenant = await self._tenant(context)
+        priority, timeout_s = check_infer(request, context.time_remaining())
+        row = await self._endpoint(tenant.tenant, request.endpoint_id, cached=True)
+        if self.infer_backend is None:
+            raise Unavailable("inference is not configured on this gateway", 5.0)
+        reply = await self.infer_backend.infer(tenant.tenant, row.endpoint_id,
+                                               list(request.inputs), priority, timeout_s)
+        if reply.error:
+            raise Unavailable(f"replica {reply.replica} could not serve the request: "
+                              f"{reply.error}", retry_after_s=1.0)
+        if len(reply.embeddings) != len(request.inputs):
+            raise Unavailable(f"replica {reply.replica} answered {len(reply.embeddings)} "
+                              f"vectors for {len(request.inputs)} inputs", retry_after_s=1.0)
+        return gateway_pb2.InferResponse(
+            embeddings=[gateway_pb2.Embedding(values=e.values) for e in reply.embeddings],
+            model=reply.model, latency_ms=reply.latency_ms, replica=reply.replica,
+            truncated=reply.truncated, max_input_tokens=reply.max_input_tokens,
+            queue_ms=reply.queue_ms)
