@@ -1,6 +1,7 @@
 """The `kestrel` command line.
 
-- tenant commands (API key): submit, jobs, job, cancel, watch, runway, usage
+- tenant commands (API key): submit, jobs, job, cancel, watch, runway, usage,
+  endpoints ...
 - operator commands (operator token): tenants ..., keys ..., top-up
 - `kestrel meter ...`: operator commands straight to the meter
 - `kestrel tap`: print bus messages
@@ -20,7 +21,7 @@ from typing import Annotated
 
 import typer
 
-from kestrel.cli import meter, operator, tenant
+from kestrel.cli import endpoints, meter, operator, tenant
 from kestrel.cli._common import Globals, OutputOpt
 from kestrel.sdk import ENV_ADDRESS, ENV_API_KEY, ENV_OPERATOR_TOKEN
 
@@ -70,6 +71,7 @@ def tap(subject: Annotated[str, typer.Argument(help="NATS subject, wildcards all
 for _fn in (tenant.submit, tenant.jobs, tenant.job, tenant.cancel, tenant.watch,
             tenant.runway, tenant.usage):
     app.command(rich_help_panel=TENANT)(_fn)
+app.add_typer(endpoints.app, name="endpoints", rich_help_panel=TENANT)
 app.add_typer(operator.tenants, name="tenants", rich_help_panel=OPERATOR)
 app.add_typer(operator.keys, name="keys", rich_help_panel=OPERATOR)
 app.command("top-up", rich_help_panel=OPERATOR)(operator.top_up)

@@ -30,6 +30,7 @@ from kestrel.sdk._convert import (
     UsageRow,
     to_jsonable,
 )
+from kestrel.sdk._endpoints import Endpoint, InferResult, Priority
 from kestrel.sdk._errors import (
     Aborted,
     AlreadyExists,
@@ -64,7 +65,9 @@ __all__ = [
     "Cancelled",
     "Client",
     "DeadlineExceeded",
+    "Endpoint",
     "FailedPrecondition",
+    "InferResult",
     "Internal",
     "InvalidArgument",
     "Job",
@@ -74,6 +77,7 @@ __all__ = [
     "MissingCredential",
     "NotFound",
     "PermissionDenied",
+    "Priority",
     "RateLimited",
     "Runway",
     "Tenant",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from types import TracebackType
 from typing import Any, TypeVar
@@ -23,6 +23,14 @@ from kestrel.sdk._convert import (
     list_jobs_request,
     money_text,
     submit_job_request,
+)
+from kestrel.sdk._endpoints import (
+    Endpoint,
+    InferResult,
+    Priority,
+    call_timeout,
+    create_endpoint_request,
+    infer_request,
 )
 from kestrel.sdk._errors import from_rpc_error
 from kestrel.v1 import gateway_pb2, gateway_pb2_grpc
@@ -229,3 +237,53 @@ class Client:
                     return
 
         return pages()
+
+    # --- tenant: endpoints -----------------------------------------------------------
+
+    def create_endpoint(self, name: str, *, min_replicas: int = 0, max_replicas: int = 1,
+                        flavor: str = "", model: str = "") -> Endpoint:
+        """A new endpoint of the caller's tenant. Its replicas are host processes for now
+        (`KESTREL_WORKER_ENDPOINT=<endpoint_id> python -m services.worker`)."""
+        resp = self._call(self._stub.CreateEndpoint, create_endpoint_request(
+            name, min_replicas=min_replicas, max_replicas=max_replicas, flavor=flavor,
+            model=model), operator=False)
+        return Endpoint.from_pb(resp.endpoint)
+
+    def get_endpoint(self, endpoint_id: str) -> Endpoint:
+        resp = self._call(self._stub.GetEndpoint,
+                          gateway_pb2.GetEndpointRequest(endpoint_id=endpoint_id),
+                          operator=False)
+        return Endpoint.from_pb(resp.endpoint)
+
+    def list_endpoints(self, *, page_size: int = DEFAULT_PAGE_SIZE) -> list[Endpoint]:
+        check_page_size(page_size)
+        out: list[Endpoint] = []
+        token = ""
+        while True:
+            resp = self._call(self._stub.ListEndpoints, gateway_pb2.ListEndpointsRequest(
+                page_size=page_size, page_token=token), operator=False)
+            out += [Endpoint.from_pb(e) for e in resp.endpoints]
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    def delete_endpoint(self, endpoint_id: str) -> bool:
+        """True when this call deleted it; False when it was deleted before."""
+        resp = self._call(self._stub.DeleteEndpoint,
+                          gateway_pb2.GatewayDeleteEndpointRequest(endpoint_id=endpoint_id),
+                          operator=False)
+        return bool(resp.deleted)
+
+    def infer(self, endpoint_id: str, inputs: Sequence[str], *,
+              priority: Priority | str | int = Priority.NORMAL,
+              timeout_s: float | None = None) -> InferResult:
+        """Embeddings of `inputs` (1..256 texts). Waits up to `timeout_s` (default 10 s):
+        then DeadlineExceeded (queued, not computed) or Unavailable (no ready replica)."""
+        req = infer_request(endpoint_id, inputs, priority, timeout_s)
+        metadata, request_id = self._settings.metadata(operator=False)
+        try:
+            resp = self._stub.Infer(req, metadata=metadata,
+                                      timeout=call_timeout(self._settings.timeout_s, timeout_s))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, request_id=request_id) from exc
+        return InferResult.from_pb(resp)

@@ -19,6 +19,8 @@ import redis.asyncio as aioredis
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+import kestrel
+import kestrel.sdk
 from kestrel import endpoints as ep
 from kestrel.clock import now_us
 from kestrel.devstack import free_port
@@ -144,6 +146,19 @@ async def test_infer_end_to_end_vectors_truncation_and_bad_input(world: World) -
     assert 0.70 <= similar <= 0.80
     assert abs(unrelated) <= 0.2
     assert list(resp.truncated) == [3] and resp.max_input_tokens == ep.MAX_INPUT_TOKENS
+
+    # The SDK: the same vectors, the endpoint in its own types.
+    key = w.md[0][1].removeprefix("Bearer ")
+    async with kestrel.AsyncClient(w.plane.address("gateway"), api_key=key) as c:
+        r = await c.infer(w.endpoint_id, [FOOD, long_text], priority="high", timeout_s=5)
+        assert r.truncated == [1] and cos(r.embeddings[0], v[0]) > 0.9999
+        assert [e.endpoint_id for e in await c.list_endpoints()] == [w.endpoint_id]
+        mine = await c.create_endpoint("second")
+        assert (await c.get_endpoint(mine.endpoint_id)).name == "second"
+        assert await c.delete_endpoint(mine.endpoint_id) is True
+        assert await c.delete_endpoint(mine.endpoint_id) is False
+        with pytest.raises(kestrel.sdk.InvalidArgument):
+            await c.infer(w.endpoint_id, [])
 
     bad = {
         "empty list": gateway_pb2.InferRequest(endpoint_id=w.endpoint_id),
