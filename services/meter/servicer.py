@@ -18,9 +18,11 @@ from kestrel.v1 import meter_pb2, meter_pb2_grpc
 from services.meter.core import Meter
 from services.meter.wire import row_to_wire, runway_to_wire
 
-TENANT_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-FLAVOR_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# \Z, not $: "$" also matches before a trailing newline ("w\n" passed, then failed as
+# a NATS subject: INTERNAL). Found by the issue-17 fuzzer.
+TENANT_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+FLAVOR_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
 MAX_PAGE = 1000
 # 2001-09-09 .. 2286: anything outside is a unit mistake (seconds or ns, not µs).
 MIN_US, MAX_US = 1_000_000_000_000_000, 9_999_999_999_999_999

@@ -137,7 +137,7 @@ class MeterStore:
                    cause_id, kind, recorded_us
             FROM ledger
             WHERE tenant = $1 AND row_id > $2
-              AND ($3 = 0 OR end_us > $3) AND ($4 = 0 OR start_us < $4)
+              AND ($3::bigint = 0 OR end_us > $3) AND ($4::bigint = 0 OR start_us < $4)
               AND ($5 = '' OR workload_id = $5)
             ORDER BY row_id LIMIT $6""", tenant, after_row_id, start_us, end_us, workload_id,
             limit + 1)

@@ -145,3 +145,17 @@ def test_the_widest_meterable_event_fits_a_bigint_row() -> None:
     assert MAX_GPUS * (MAX_US - MIN_US) < 2**63
     event_from_wire(_event(gpus=MAX_GPUS, time_us=MIN_US))
     event_from_wire(_event(gpus=MAX_GPUS, time_us=MAX_US, type=3))
+
+
+@pytest.mark.parametrize("value", ["acme\n", "job-0123456789abcdef\n"])
+def test_an_identifier_with_a_trailing_newline_is_refused(value: str) -> None:
+    from services.gateway.validation import JOB_ID_RE, name_problem, tenant_problem
+    from services.meter.servicer import check_tenant as meter_check_tenant
+
+    if value.startswith("job-"):
+        assert not JOB_ID_RE.match(value)
+        return
+    assert name_problem(value) is not None and tenant_problem(value) is not None
+    v = Violations()
+    meter_check_tenant(v, value)
+    assert [i.field for i in v.items] == ["tenant"]
