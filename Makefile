@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 include cluster/versions.env
 
 .PHONY: help setup proto proto-check buf-lint buf-breaking lint test test-unit \
-        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-jobs up down status grpcurl \
+        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-jobs bench-infer up down status grpcurl \
         devstack-up devstack-down devstack-status clean
 
 help: ## This list
@@ -66,6 +66,9 @@ bench-meter: setup ## Ledger ingestion and runway latency vs the bare pipeline o
 
 bench-gateway: setup ## Submit rate and latency vs the gRPC ceiling of this machine
 	$(PY) bench/gateway.py $(BENCH_ARGS)
+
+bench-infer: setup ## Infer end to end (gateway -> Redis -> a worker replica) vs raw onnxruntime here
+	$(PY) -m bench.infer $(BENCH_ARGS)
 
 bench-jobs: setup ## The whole plane vs bare Kueue on the real cluster; the gate; the ledger vs Kubernetes
 	$(PY) -m bench.jobs $(BENCH_ARGS)

@@ -95,7 +95,7 @@ class Embedder:
     """One onnxruntime session; `embed` is called from one thread at a time."""
 
     def __init__(self, files: ModelFiles, intra_op_threads: int = 2,
-                 max_tokens: int = MAX_INPUT_TOKENS) -> None:
+                 max_tokens: int = MAX_INPUT_TOKENS, spin: bool = False) -> None:
         import onnxruntime as ort  # type: ignore[import-untyped]
         from tokenizers import Tokenizer
 
@@ -105,6 +105,10 @@ class Embedder:
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Idle intra-op threads sleep instead of spinning: on 2 cores a spinning pool takes
+        # the CPU the replica's own event loop, Redis and the gateway need between batches.
+        opts.add_session_config_entry("session.intra_op.allow_spinning",
+                                      "1" if spin else "0")
         self.session = ort.InferenceSession(str(files.onnx), sess_options=opts,
                                             providers=["CPUExecutionProvider"])
         self.input_names = {i.name for i in self.session.get_inputs()}

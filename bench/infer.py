@@ -1,0 +1,234 @@
+"""make bench-infer: the Infer path against raw onnxruntime on this machine.
+
+  (a) the limit: raw onnxruntime (the worker's own Embedder, its intra-op threads) on
+      the same short texts at batch sizes 8..64; the best is the limit;
+  (b) end to end: gateway -> Redis -> one worker replica (a host process; replicas are
+      not placed by Kubernetes yet) -> gateway, with concurrent SDK clients
+      (kestrel.AsyncClient) sending requests of 8 short texts back to back (saturation),
+      then an open loop at half of that request rate: p50/p99, completed, failed.
+
+Last line: infer: texts_per_request=8 raw_emb_per_s=.. e2e_emb_per_s=.. ratio=.. p50_ms=..
+p99_ms=.. completed=.. failed=..
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import time
+
+import grpc
+from rich.console import Console
+from rich.table import Table
+
+import kestrel
+from kestrel.devstack import Stack, free_port, port_map
+from kestrel.procs import REPO, ServiceProcess
+from kestrel.sdk import KestrelError
+from kestrel.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+console = Console(stderr=True)
+TOKEN = "kso_bench-operator"
+OP = (("authorization", f"Bearer {TOKEN}"),)
+TEXTS_PER_REQUEST = 8
+SUBJECTS = ["A man", "The girl", "A chef", "Two dogs", "An old woman", "The pilot", "A child",
+            "The team"]
+VERBS = ["is eating", "is carrying", "is painting", "watches", "is repairing", "buys",
+         "is reading about", "photographs"]
+OBJECTS = ["a piece of bread", "a baby", "the fence", "the sunset over the harbour",
+           "a bicycle", "fresh vegetables", "the history of trains", "a red kite"]
+
+
+def sentences(n: int, offset: int = 0) -> list[str]:
+    """Short texts (9-14 word pieces), all different."""
+    out = []
+    for i in range(offset, offset + n):
+        out.append(f"{SUBJECTS[i % 8]} {VERBS[(i // 8) % 8]} {OBJECTS[(i // 64) % 8]} "
+                   f"on day {i}.")
+    return out
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(p * len(s)))]
+
+
+def raw_limit(threads: int, seconds: float) -> tuple[int, float, dict[int, float]]:
+    """(best batch size, embeddings/s at it, every size's rate): the worker's Embedder in
+    this process with the worker's settings."""
+    from services.worker.model import load
+
+    embedder = load(intra_op_threads=threads)
+    rates: dict[int, float] = {}
+    for size in (8, 16, 32, 64):
+        texts = sentences(size)
+        embedder.embed(texts)
+        n, t0, i = 0, time.perf_counter(), 0
+        while time.perf_counter() - t0 < seconds:
+            embedder.embed(sentences(size, i))
+            n += size
+            i += size
+        rates[size] = n / (time.perf_counter() - t0)
+        console.print(f"    batch {size:>2}: {rates[size]:,.0f} embeddings/s")
+    best = max(rates, key=lambda k: rates[k])
+    return best, rates[best], rates
+
+
+async def run(clients: int, seconds: float, keep: bool) -> int:
+    threads = int(os.environ.get("KESTREL_WORKER_THREADS", "2"))
+    console.print(f"[bold]bench-infer[/bold]: (a) raw onnxruntime, {threads} intra-op threads")
+    best, raw_rate, rates = await asyncio.to_thread(raw_limit, threads, seconds / 2)
+
+    root = REPO / ".run" / "bench-infer"
+    shutil.rmtree(root, ignore_errors=True)
+    stack = Stack(root, durable=True)
+    console.print(f"(b) end to end: devstack in {root}")
+    await asyncio.to_thread(stack.up)
+    ports = port_map("meter", "gateway", "admission")
+    env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
+           "KESTREL_RUNWAY_CHECK": "", "KESTREL_PLACER_ADDR": "",
+           "KESTREL_METER_ADDR": f"127.0.0.1:{ports['meter']}",
+           "KESTREL_ADMISSION_ADDR": f"127.0.0.1:{ports['admission']}",
+           **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
+           "KESTREL_METER_METRICS_PORT": "0", "KESTREL_ADMISSION_METRICS_PORT": "0",
+           "KESTREL_GATEWAY_METRICS_PORT": "0"}
+    procs = [ServiceProcess(n, env, f"127.0.0.1:{ports[n]}", root / f"{n}.log")
+             for n in ("meter", "gateway", "admission")]
+    sat_lat: list[float] = []
+    lat: list[float] = []
+    failed = completed = 0
+    e2e_rate = 0.0
+    try:
+        for p in procs:
+            await asyncio.to_thread(p.start)
+        gw = f"127.0.0.1:{ports['gateway']}"
+        async with grpc.aio.insecure_channel(gw) as ch:
+            stub = gateway_pb2_grpc.GatewayStub(ch)
+            await stub.CreateTenant(gateway_pb2.CreateTenantRequest(
+                tenant=gateway_pb2.Tenant(tenant="bench", rate_limit=gateway_pb2.RateLimit(
+                    per_s=100_000, burst=100_000)), initial_credits="100"), metadata=OP)
+            key = (await stub.CreateApiKey(gateway_pb2.CreateApiKeyRequest(
+                tenant="bench", name="bench"), metadata=OP)).secret
+            md = (("authorization", f"Bearer {key}"),)
+            endpoint = (await stub.CreateEndpoint(gateway_pb2.CreateEndpointRequest(
+                spec=common_pb2.EndpointSpec(name="bench")), metadata=md)).endpoint.endpoint_id
+        wport = free_port()
+        worker = ServiceProcess("worker", {
+            **env, "KESTREL_WORKER_ENDPOINT": endpoint, "KESTREL_WORKER_TENANT": "bench",
+            "KESTREL_WORKER_PORT": str(wport), "KESTREL_WORKER_METRICS_PORT": "0",
+            "KESTREL_WORKER_MAX_BATCH": str(max(best, 32))},
+            f"127.0.0.1:{wport}", root / "worker.log")
+        procs.append(worker)
+        await asyncio.to_thread(worker.start)
+
+        sdk = [kestrel.AsyncClient(gw, api_key=key) for _ in range(4)]
+        counter = 0
+
+        async def call(i: int) -> float:
+            nonlocal counter
+            counter += 1
+            texts = sentences(TEXTS_PER_REQUEST, counter * TEXTS_PER_REQUEST)
+            t = time.perf_counter()
+            r = await sdk[i % 4].infer(endpoint, texts, timeout_s=10)
+            assert len(r.embeddings) == TEXTS_PER_REQUEST
+            return (time.perf_counter() - t) * 1000
+
+        async def closed(secs: float) -> tuple[int, int, float]:
+            ok = err = 0
+            end = time.perf_counter() + secs
+
+            async def client(i: int) -> None:
+                nonlocal ok, err
+                while time.perf_counter() < end:
+                    try:
+                        sat_lat.append(await call(i))
+                        ok += 1
+                    except KestrelError as exc:
+                        err += 1
+                        if err <= 3:
+                            console.print(f"  error: {exc}")
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(client(i) for i in range(clients)))
+            return ok, err, time.perf_counter() - t0
+
+        console.print(f"    saturation: {clients} SDK clients x {TEXTS_PER_REQUEST} texts "
+                      f"for {seconds:.0f}s")
+        await closed(2)  # warm-up
+        sat_lat.clear()
+        ok, err, took = await closed(seconds)
+        failed += err
+        e2e_rate = ok * TEXTS_PER_REQUEST / took
+        console.print(f"    {e2e_rate:,.0f} embeddings/s ({ok / took:,.1f} requests/s), "
+                      f"{err} errors")
+        rate = ok / took / 2
+        console.print(f"    open loop at half: {rate:.1f} requests/s for {seconds:.0f}s")
+        await asyncio.sleep(1)
+
+        async def one(n: int) -> None:
+            nonlocal failed, completed
+            try:
+                lat.append(await call(n))
+                completed += 1
+            except KestrelError as exc:
+                failed += 1
+                if failed <= 3:
+                    console.print(f"  error: {exc}")
+
+        tasks = []
+        t0 = time.perf_counter()
+        n = 0
+        while n < rate * seconds:
+            delay = t0 + n / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(n)))
+            n += 1
+        await asyncio.gather(*tasks)
+        for c in sdk:
+            await c.close()
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        if not keep:
+            await asyncio.to_thread(stack.destroy)
+
+    ratio = e2e_rate / raw_rate if raw_rate else 0.0
+    p50, p99 = pct(lat, 0.5), pct(lat, 0.99)
+    table = Table(title="bench-infer (2 cores; clients, gateway, Redis, worker on one machine)")
+    for col in ("figure", "value", "target"):
+        table.add_column(col)
+    for size, r in rates.items():
+        table.add_row(f"raw onnxruntime, batch {size}", f"{r:,.0f} emb/s",
+                      "the limit" if size == best else "")
+    table.add_row(f"end to end, {clients} SDK clients, {TEXTS_PER_REQUEST} texts/request",
+                  f"{e2e_rate:,.0f} emb/s", "")
+    table.add_row("ratio", f"{ratio:.2f}", ">= 0.7")
+    table.add_row("saturation p50 / p99", f"{pct(sat_lat, 0.5):.0f} / "
+                  f"{pct(sat_lat, 0.99):.0f} ms", "")
+    table.add_row("half-rate p50 / p99", f"{p50:.1f} / {p99:.1f} ms", "p99 <= 250 ms")
+    table.add_row("completed / failed", f"{completed} / {failed}", "failed = 0")
+    Console().print(table)
+    print(f"infer: texts_per_request={TEXTS_PER_REQUEST} raw_emb_per_s={raw_rate:.0f} "
+          f"e2e_emb_per_s={e2e_rate:.0f} ratio={ratio:.2f} p50_ms={p50:.1f} "
+          f"p99_ms={p99:.1f} completed={completed} failed={failed}")
+    return 0 if failed == 0 else 1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=15)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    sys.exit(asyncio.run(run(args.clients, args.seconds, args.keep)))
+
+
+if __name__ == "__main__":
+    main()
