@@ -7,7 +7,7 @@ Every RPC of the Gateway descriptor is classified here as an operator or a tenan
   usage row's workload id, a page token, an idempotency key), answers exactly what it
   answers for an object that never existed: same code, same message and same
   status details byte for byte once the id itself is masked, and never a byte of A's
-  data. The rule for ids: NOT_FOUND. The rule for page tokens: another tenant's
+  data. The rule for ids (jobs, endpoints): NOT_FOUND. The rule for page tokens: another tenant's
   token is INVALID_ARGUMENT "page_token: is not a token this query returned",
   exactly as a token nobody issued (the token is bound to the query, and B's query
   names B);
@@ -102,6 +102,9 @@ class Tenants:
     a_idem: str
     a_jobs_token: str
     a_usage_token: str
+    a_endpoint: str
+    a_endpoint_name: str
+    a_endpoints_token: str
 
 
 async def tenant(stub: gateway_pb2_grpc.GatewayStub, name: str) -> Md:
@@ -140,7 +143,13 @@ async def tenants(plane: Plane, clean_bus: str) -> AsyncIterator[Tenants]:
             lambda r: bool(r.next_page_token))
         assert usage.next_page_token, "A has at least two usage rows"
         page = await stub.ListJobs(gateway_pb2.ListJobsRequest(page_size=1), metadata=a)
-        yield Tenants(ch, a, b, jobs, "a-0", page.next_page_token, usage.next_page_token)
+        endpoints = [(await stub.CreateEndpoint(gateway_pb2.CreateEndpointRequest(
+            spec=common_pb2.EndpointSpec(name=f"a-ep{i}")), metadata=a)).endpoint.endpoint_id
+            for i in range(2)]
+        eps = await stub.ListEndpoints(gateway_pb2.ListEndpointsRequest(page_size=1),
+                                       metadata=a)
+        yield Tenants(ch, a, b, jobs, "a-0", page.next_page_token, usage.next_page_token,
+                      endpoints[0], "a-ep0", eps.next_page_token)
 
 
 def missing_job() -> str:
@@ -154,6 +163,8 @@ Case = tuple[str, Any, Any, str, str]
 
 def cases(t: Tenants) -> dict[str, list[Case]]:
     job, gone = t.a_jobs[1], missing_job()
+    ep, no_ep = t.a_endpoint, f"ep-{uuid.uuid4().hex[:16]}"
+    never_eps = encode_token(1, ("endpoints", "nobody"))
     never_jobs = encode_token(2, ("jobs", "iso-a", ()))  # A's query, but B asks: a forgery
     never_usage = encode_token(7, ("nobody", 0, 0, ""))
     g = gateway_pb2
@@ -171,21 +182,21 @@ def cases(t: Tenants) -> dict[str, list[Case]]:
              g.ListMyUsageRequest(workload_id=gone), "", ""),
             ("page token", g.ListMyUsageRequest(page_token=t.a_usage_token),
              g.ListMyUsageRequest(page_token=never_usage), "", "")],
-        "GetEndpoint": [("endpoint", g.GetEndpointRequest(endpoint_id="a-ep"),
-                         g.GetEndpointRequest(endpoint_id="never-ep"), "a-ep", "never-ep")],
-        "DeleteEndpoint": [("endpoint", g.GatewayDeleteEndpointRequest(endpoint_id="a-ep"),
-                            g.GatewayDeleteEndpointRequest(endpoint_id="never-ep"), "a-ep",
-                            "never-ep")],
-        "Infer": [("endpoint", g.InferRequest(endpoint_id="a-ep"),
-                   g.InferRequest(endpoint_id="never-ep"), "a-ep", "never-ep")],
+        "GetEndpoint": [("endpoint id", g.GetEndpointRequest(endpoint_id=ep),
+                         g.GetEndpointRequest(endpoint_id=no_ep), ep, no_ep)],
+        "DeleteEndpoint": [("endpoint id", g.GatewayDeleteEndpointRequest(endpoint_id=ep),
+                            g.GatewayDeleteEndpointRequest(endpoint_id=no_ep), ep, no_ep)],
+        "Infer": [("endpoint id", g.InferRequest(endpoint_id=ep, inputs=["hi"]),
+                   g.InferRequest(endpoint_id=no_ep, inputs=["hi"]), ep, no_ep)],
+        "ListEndpoints": [("page token", g.ListEndpointsRequest(page_token=t.a_endpoints_token),
+                           g.ListEndpointsRequest(page_token=never_eps), "", "")],
     }
 
 
 # Tenant RPCs that take no id of another tenant's: what they must show B instead.
 NO_FOREIGN_ID = {"SubmitJob": "an idempotency key is per tenant: B's submit makes B's job",
                  "GetMyRunway": "the runway of the caller's tenant, named by the key alone",
-                 "ListEndpoints": "the caller's endpoints (none: not implemented yet)",
-                 "CreateEndpoint": "creates under the caller's tenant (not implemented yet)"}
+                 "CreateEndpoint": "names are per tenant: B may take the name A uses"}
 
 
 async def test_b_on_as_objects_answers_as_for_objects_that_never_existed(
@@ -201,13 +212,13 @@ async def test_b_on_as_objects_answers_as_for_objects_that_never_existed(
             rows.append(f"{rpc:<15} {what:<25} {foreign.code.name:<17} {missing.code.name}")
             assert foreign.code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
                                     grpc.StatusCode.OK, grpc.StatusCode.UNIMPLEMENTED), rpc
-            if what == "job id":
+            if what in ("job id", "endpoint id"):
                 assert foreign.code == grpc.StatusCode.NOT_FOUND, (rpc, foreign)
             if what == "page token":
                 assert foreign.code == grpc.StatusCode.INVALID_ARGUMENT, (rpc, foreign)
             assert foreign.masked(a_id) == missing.masked(gone_id) if a_id else \
                 foreign == missing, (rpc, what, foreign, missing)
-            for secret in (b"iso-a", *(j.encode() for j in t.a_jobs)):
+            for secret in (b"iso-a", t.a_endpoint.encode(), *(j.encode() for j in t.a_jobs)):
                 assert secret not in foreign.body + foreign.rich + foreign.details.encode() \
                     or secret == a_id.encode(), (rpc, secret)
     # Nothing of A's moved: B's CancelJob did not cancel it.
@@ -225,6 +236,14 @@ async def test_b_on_as_objects_answers_as_for_objects_that_never_existed(
     assert {j.tenant for j in listed.jobs} == {"iso-b"}
     usage = await stub.ListMyUsage(gateway_pb2.ListMyUsageRequest(), metadata=t.b)
     assert all(r.tenant == "iso-b" for r in usage.rows)
+    named = await stub.CreateEndpoint(gateway_pb2.CreateEndpointRequest(
+        spec=common_pb2.EndpointSpec(name=t.a_endpoint_name)), metadata=t.b)
+    assert named.endpoint.tenant == "iso-b" and named.endpoint.endpoint_id != t.a_endpoint
+    eps = await stub.ListEndpoints(gateway_pb2.ListEndpointsRequest(), metadata=t.b)
+    assert [e.endpoint_id for e in eps.endpoints] == [named.endpoint.endpoint_id]
+    # A's endpoint is still there: B's DeleteEndpoint did nothing.
+    assert (await stub.GetEndpoint(gateway_pb2.GetEndpointRequest(endpoint_id=t.a_endpoint),
+                                   metadata=t.a)).endpoint.endpoint_id == t.a_endpoint
     print("\nrpc             object                    B on A's          never existed\n"
           + "\n".join(rows))
 
