@@ -14,5 +14,7 @@ Environment (all optional):
 - KESTREL_PLACER_SHORT_BP (2500: runway is short under 25% of the credits left)
 - KESTREL_PLACER_FLAVORS (gpu-h100,gpu-a10: the ResourceFlavors a tenant has quota in)
 - KESTREL_PLACER_REFRESH_S (10: re-read prices and tenant quotas)
+- KESTREL_PLACER_ACK_WAIT_S (30: an admitted job not placed by then is delivered again;
+  a restarted placer takes over its predecessor's in-flight jobs at once regardless)
 - KESTREL_LOG_LEVEL (INFO)
 """

@@ -18,7 +18,7 @@ from kestrel.grpcserver import Server
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.service import drain, every, serve_metrics
 from kestrel.v1 import placer_pb2, placer_pb2_grpc
-from services.placer.consumers import consume_admitted, follow_runway
+from services.placer.consumers import ACK_WAIT_S, consume_admitted, follow_runway
 from services.placer.core import Placer, PlacerSettings
 from services.placer.domain import DEFAULT_SHORT_BP
 from services.placer.kube import KINDS, Kube, Watcher
@@ -40,6 +40,7 @@ class PlacerConfig:
     settings: PlacerSettings
     refresh_s: float
     kube_threads: int
+    ack_wait_s: int = ACK_WAIT_S
 
     @classmethod
     def from_env(cls) -> PlacerConfig:
@@ -58,6 +59,7 @@ class PlacerConfig:
                 short_bp=env_int("KESTREL_PLACER_SHORT_BP", DEFAULT_SHORT_BP)),
             refresh_s=float(env_int("KESTREL_PLACER_REFRESH_S", 10)),
             kube_threads=env_int("KESTREL_PLACER_KUBE_THREADS", 32),
+            ack_wait_s=env_int("KESTREL_PLACER_ACK_WAIT_S", ACK_WAIT_S),
         )
 
 
@@ -120,7 +122,8 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(placer), server.server)
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
-    tasks += [asyncio.create_task(consume_admitted(js, placer, stop), name="jobs"),
+    jobs = consume_admitted(js, placer, stop, ack_wait_s=config.ack_wait_s)
+    tasks += [asyncio.create_task(jobs, name="jobs"),
               asyncio.create_task(every(
                   config.refresh_s, stop, placer.refresh,
                   "refreshing prices and tenant quotas failed", log), name="refresh"),

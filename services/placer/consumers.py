@@ -111,11 +111,11 @@ async def take_over_in_flight(js: JetStreamContext) -> int:
 
 
 async def consume_admitted(js: JetStreamContext, placer: Placer, stop: asyncio.Event,
-                           batch: int = 64) -> None:
+                           batch: int = 64, ack_wait_s: int = ACK_WAIT_S) -> None:
     await take_over_in_flight(js)
     sub = await js.pull_subscribe(
         "kestrel.jobs.admitted.>", durable=DURABLE, stream=STREAM,
-        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=-1,
+        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait_s, max_deliver=-1,
                               max_ack_pending=10_000))
     while not stop.is_set():
         try:
