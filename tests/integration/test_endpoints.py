@@ -316,8 +316,10 @@ async def test_kill9_of_a_replica_mid_batch_loses_nothing(world: World) -> None:
     await asyncio.gather(*tasks)
     kinds = Counter(r[0] for r in results)
     claimed = await w.redis.xinfo_groups(ep.request_stream(w.endpoint_id, ep.Priority.NORMAL))
+    taken = sum(line.count("claimed") for p in w.plane.tmp.glob("worker-*.log")
+                for line in p.read_text().splitlines())
     print(f"\nkill -9 after {killed_at} answers: {dict(kinds)} of {len(results)}; "
-          f"group: {claimed}")
+          f"claim log lines {taken}; group: {claimed}")
     assert len(results) == 400  # every call answered, once
     assert set(kinds) <= {"ok", "UNAVAILABLE", "DEADLINE_EXCEEDED"}
     assert kinds["ok"] >= 390
