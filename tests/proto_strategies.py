@@ -77,7 +77,7 @@ def strings(vocabulary: Sequence[str], huge_ok: bool = True) -> st.SearchStrateg
         lambda n: st.sampled_from(["a" * n, "\x00" * n, "é" * n]))
     words = st.sampled_from(list(vocabulary)) if vocabulary else st.just("x")
     mutated = words.flatmap(lambda w: st.sampled_from(
-        [w.upper(), w + "\x00", w + " ", w[:-1], w + "0", " " + w, w * 2]))
+        [w.upper(), w + "\x00", w + " ", w + "\n", w[:-1], w + "0", " " + w, w * 2]))
     if not huge_ok:
         return st.one_of(words, words, mutated, nasty, st.text(max_size=40))
     return st.one_of(words, words, mutated, nasty, st.text(max_size=40), huge)
