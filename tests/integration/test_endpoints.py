@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import statistics
+import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -127,7 +128,8 @@ def infer(w: World, texts: list[str], md: Md | None = None, endpoint_id: str | N
 
 async def test_infer_end_to_end_vectors_truncation_and_bad_input(world: World) -> None:
     w = world
-    w.start_worker(w.endpoint_id)
+    metrics_port = free_port()
+    w.start_worker(w.endpoint_id, KESTREL_WORKER_METRICS_PORT=str(metrics_port))
     got = await w.stub.GetEndpoint(gateway_pb2.GetEndpointRequest(endpoint_id=w.endpoint_id),
                                    metadata=w.md)
     assert got.endpoint.ready_replicas == 1 and got.endpoint.spec.model == ep.MODEL_NAME
@@ -146,6 +148,17 @@ async def test_infer_end_to_end_vectors_truncation_and_bad_input(world: World) -
     assert 0.70 <= similar <= 0.80
     assert abs(unrelated) <= 0.2
     assert list(resp.truncated) == [3] and resp.max_input_tokens == ep.MAX_INPUT_TOKENS
+
+    # /metrics: batch sizes, queue wait, inference time, embeddings served.
+    text = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                       timeout=5).read().decode())
+    for line in ("kestrel_worker_batch_size_count", "kestrel_worker_queue_wait_seconds_count",
+                 "kestrel_worker_inference_seconds_count",
+                 "kestrel_worker_last_heartbeat_timestamp_seconds"):
+        assert line in text, line
+    served = [x for x in text.splitlines() if x.startswith("kestrel_worker_embeddings_total")]
+    assert served and float(served[0].split()[-1]) == 4.0, served
 
     # The SDK: the same vectors, the endpoint in its own types.
     key = w.md[0][1].removeprefix("Bearer ")
@@ -234,10 +247,10 @@ async def test_no_replica_unavailable_expired_not_computed_and_rate_limit(
     assert hb.mean_batch_size == 1.0
 
     # Per-tenant rate limit: RESOURCE_EXHAUSTED with RetryInfo.
-    slow = await make_tenant(w.stub, "slow", rate=1, burst=2)
-    e = await w.stub.CreateEndpoint(_create("e"), metadata=slow)
+    slow = await make_tenant(w.stub, "slow", rate=0.1, burst=2)
+    e = await w.stub.CreateEndpoint(_create("e"), metadata=slow)  # its first token
     codes = [await answer(infer(w, [FOOD], md=slow, endpoint_id=e.endpoint.endpoint_id,
-                                timeout_ms=200)) for _ in range(4)]
+                                timeout_ms=50)) for _ in range(4)]
     limited = [c for c in codes if c[0] == grpc.StatusCode.RESOURCE_EXHAUSTED]
     assert limited and all(c[2] is not None and c[2] > 0 for c in limited), codes
 
@@ -252,7 +265,7 @@ async def test_high_priority_waits_less_than_low_under_saturation(world: World) 
     served first, low ones still complete (the starvation guard)."""
     w = world
     w.start_worker(w.endpoint_id, KESTREL_WORKER_MAX_BATCH="4",
-                   KESTREL_WORKER_STARVE_MS="1000")
+                   KESTREL_WORKER_STARVE_MS="2000")
     waits: dict[str, list[float]] = {"high": [], "low": []}
     failures: Counter[str] = Counter()
     stop = asyncio.Event()
