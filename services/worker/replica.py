@@ -275,7 +275,24 @@ class Replica:
         if taken:
             self.metrics.claimed.inc(taken)
             log.info("claimed %d requests of replicas that stopped heartbeating", taken)
+        await self._forget_dead(live)
         return taken
+
+    async def _forget_dead(self, live: set[str]) -> None:
+        """Drop group consumers of dead replicas once nothing is pending under them, and
+        their heartbeats once a minute old: neither grows with every restart."""
+        for stream in self.streams.values():
+            consumers: Any = await self.redis.xinfo_consumers(stream, ep.GROUP)
+            for c in consumers:
+                name = c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
+                if name not in live and not c["pending"] and c["idle"] > self.s.claim_idle_ms:
+                    await self.redis.xgroup_delconsumer(stream, ep.GROUP, name)
+        raw: Any = await self.redis.hgetall(ep.replicas_key(self.s.endpoint_id))
+        now = self.clock()
+        for name, value in raw.items():
+            with contextlib.suppress(Exception):
+                if now - worker_pb2.WorkerHeartbeat.FromString(value).time_us > 60_000_000:
+                    await self.redis.hdel(ep.replicas_key(self.s.endpoint_id), name)
 
     async def leave(self) -> None:
         with contextlib.suppress(RedisError, OSError):

@@ -339,3 +339,8 @@ async def test_kill9_of_a_replica_mid_batch_loses_nothing(world: World) -> None:
     pending = await w.redis.xpending(ep.request_stream(w.endpoint_id, ep.Priority.NORMAL),
                                      ep.GROUP)
     assert pending["pending"] == 0
+    # The dead replica's consumer leaves the group once nothing is pending under it.
+    groups = await eventually(lambda: w.redis.xinfo_consumers(
+        ep.request_stream(w.endpoint_id, ep.Priority.NORMAL), ep.GROUP),
+        lambda cs: len(cs) == 1, 15)
+    assert len(groups) == 1, groups
