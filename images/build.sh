@@ -98,7 +98,7 @@ build_pause() {
     "$PY" "$HERE/oci.py" --ref "$ref" --out "$tarball" --entrypoint /pause \
         --layer "$w/layer.tar"
     rm -rf "$w"
-    PAUSE_S=$((SECONDS - s))
+    PAUSE_S=$((SECONDS - s)); PAUSE_BUILT=true
     log "pause: built $ref in ${PAUSE_S}s, $(human "$(stat -c %s "$tarball")")"
 }
 
@@ -246,7 +246,7 @@ EOF
         --label "org.opencontainers.image.source=kestrel images/build.sh" \
         --layer "$BASE_DIR/layer.tar" --layer "$DEPS_DIR/layer.tar" --layer "$w/app.tar"
     rm -rf "$w"
-    KESTREL_S=$((SECONDS - s + BASE_S + DEPS_S))
+    KESTREL_S=$((SECONDS - s + BASE_S + DEPS_S)); KESTREL_BUILT=true
 }
 
 size() { [[ -f "$1" ]] && stat -c %s "$1" || echo 0; }
@@ -256,6 +256,7 @@ size() { [[ -f "$1" ]] && stat -c %s "$1" || echo 0; }
 main() {
     want=("$@"); (( ${#want[@]} )) || want=(pause kestrel)
     PAUSE_REF=""; PAUSE_TAR=""; PAUSE_S=0; KESTREL_REF=""; KESTREL_TAR=""; KESTREL_S=0
+    PAUSE_BUILT=false; KESTREL_BUILT=false  # true: some stage was built, not cached
     for img in "${want[@]}"; do
         case "$img" in
             pause) build_pause ;;
@@ -274,9 +275,9 @@ main() {
     for kind in kestrel pause; do
         ls -1t "$OUT/$kind"-*.oci.tar 2>/dev/null | tail -n +4 | xargs -r rm -f
     done
-    printf 'IMAGES {"kestrel": {"ref": "%s", "archive": "%s", "bytes": %s, "build_s": %s}, "pause": {"ref": "%s", "archive": "%s", "bytes": %s, "build_s": %s}}\n' \
-        "$KESTREL_REF" "$KESTREL_TAR" "$(size "$KESTREL_TAR")" "$KESTREL_S" \
-        "$PAUSE_REF" "$PAUSE_TAR" "$(size "$PAUSE_TAR")" "$PAUSE_S"
+    printf 'IMAGES {"kestrel": {"ref": "%s", "archive": "%s", "bytes": %s, "build_s": %s, "built": %s}, "pause": {"ref": "%s", "archive": "%s", "bytes": %s, "build_s": %s, "built": %s}}\n' \
+        "$KESTREL_REF" "$KESTREL_TAR" "$(size "$KESTREL_TAR")" "$KESTREL_S" "$KESTREL_BUILT" \
+        "$PAUSE_REF" "$PAUSE_TAR" "$(size "$PAUSE_TAR")" "$PAUSE_S" "$PAUSE_BUILT"
 }
 
 main "$@"; exit $?
