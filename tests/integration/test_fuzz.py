@@ -131,6 +131,9 @@ REGRESSIONS: dict[str, list[tuple[str, Case]]] = {
         # Tenant "w\n": "$" matched before the newline; the runway subject then was
         # no NATS subject: INTERNAL. Fixed with \Z in every id pattern.
         ("none", Case("message", b"\n\x02w\n"))],
+    # Not a server defect: a 4 MiB body outlived Infer's 1 s test deadline in transfer.
+    "/kestrel.v1.Gateway/Infer": [("tenant", Case("oversized", b"\n\x90\x80\x80\x02"
+                                                + b"a" * (4 * 1024 * 1024 + 16)))],
     "/kestrel.v1.Gateway/CreateTenant": [
         ("operator", _msg(gateway_pb2.CreateTenantRequest(
             tenant=gateway_pb2.Tenant(tenant="newline\n"))))],
@@ -260,7 +263,8 @@ def changed(before: tuple[Any, ...], after: tuple[Any, ...]) -> list[str]:
 
 
 async def call(channel: grpc.aio.Channel, m: MethodDescriptor, data: bytes,
-               md: tuple[tuple[str, str], ...]) -> tuple[grpc.StatusCode, str]:
+               md: tuple[tuple[str, str], ...],
+               deadline_s: float = UNARY_TIMEOUT_S) -> tuple[grpc.StatusCode, str]:
     if m.server_streaming:
         stream = channel.unary_stream(path_of(m))(data, metadata=md, timeout=STREAM_TIMEOUT_S)
         try:
@@ -270,8 +274,7 @@ async def call(channel: grpc.aio.Channel, m: MethodDescriptor, data: bytes,
             return err.code(), err.details() or ""
         return grpc.StatusCode.OK, ""
     try:
-        await channel.unary_unary(path_of(m))(
-            data, metadata=md, timeout=DEADLINES_S.get(path_of(m), UNARY_TIMEOUT_S))
+        await channel.unary_unary(path_of(m))(data, metadata=md, timeout=deadline_s)
     except grpc.aio.AioRpcError as err:
         return err.code(), err.details() or ""
     return grpc.StatusCode.OK, ""
@@ -337,7 +340,12 @@ def fuzz_rpcs(world: World, examples: int) -> tuple[Stats, int]:
     def one(target: str, m: MethodDescriptor, auth: str, case: Case) -> None:
         async def go() -> None:
             before = state["before"]
-            code, details = await call(chans[target], m, case.data, metadata(world, auth))
+            # A short deadline where an RPC waits by design (Infer), but not for 4 MiB
+            # bodies: their transfer alone may take longer on a loaded machine.
+            deadline = UNARY_TIMEOUT_S if case.kind == "oversized" else DEADLINES_S.get(
+                path_of(m), UNARY_TIMEOUT_S)
+            code, details = await call(chans[target], m, case.data, metadata(world, auth),
+                                       deadline)
             stats.cases += 1
             stats.codes[code.name] += 1
             wrong = verdict(m, code, details)
