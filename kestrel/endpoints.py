@@ -22,7 +22,8 @@ REPLY_STREAM_MAXLEN = 20_000
 # included); longer inputs are cut, and the reply says which.
 MAX_INPUT_TOKENS = 256
 MAX_TEXTS = 256
-ENDPOINT_ID_RE = re.compile(r"^ep-[0-9a-f]{16}$")
+# \Z, not $: "$" also matches before a trailing newline (see services/gateway/validation).
+ENDPOINT_ID_RE = re.compile(r"^ep-[0-9a-f]{16}\Z")
 MODEL_NAME = "all-MiniLM-L6-v2"
 
 

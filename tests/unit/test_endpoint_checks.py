@@ -39,6 +39,7 @@ def test_infer_priority_and_wait(name: str, request_kw: dict[str, int],
     ("a negative timeout", {"timeout_ms": -1}, "timeout_ms"),
     ("a timeout over a minute", {"timeout_ms": 60_001}, "timeout_ms"),
     ("an id that is not an endpoint id", {"endpoint_id": "a-ep"}, "endpoint_id"),
+    ("an endpoint id with a trailing newline", {"endpoint_id": EP + "\n"}, "endpoint_id"),
 ], ids=lambda x: x if isinstance(x, str) else "")
 def test_bad_infer_names_the_field(name: str, request_kw: dict[str, object],
                                    field: str) -> None:
