@@ -856,11 +856,20 @@ def _start_cpu_node(progress: Progress, timeout_s: float) -> None:
         NODE.containerd_config.read_text() if NODE.containerd_config.exists() else ""
     ):
         _stop_pid(cpid, "containerd (new pause image)", progress)  # its pods keep running
-    if containerd_pid() is None:
-        _write_containerd_config(images["pause"]["ref"])
-        pid = _start_daemon("containerd", ["containerd", "--config", str(NODE.containerd_config)])
-        progress(f"  containerd started (pid {pid}), socket {NODE.socket}")
-    _wait_until("containerd", _containerd_ready, 60, progress)
+    # A containerd started right after the previous one stopped can exit at once
+    # (a clean clone's first `make test` right after `make cluster-down` saw it, with
+    # nothing in its log): it gets three tries, a second apart, each one said.
+    for attempt in range(1, 4):
+        if containerd_pid() is None:
+            _write_containerd_config(images["pause"]["ref"])
+            pid = _start_daemon("containerd",
+                                ["containerd", "--config", str(NODE.containerd_config)])
+            progress(f"  containerd started (pid {pid}), socket {NODE.socket}")
+        _wait_until("containerd", _containerd_ready, 60, progress)
+        if containerd_pid() is not None:
+            break
+        progress(f"  containerd exited during start (try {attempt} of 3)")
+        time.sleep(1.0 * attempt)
     if containerd_pid() is None:
         raise ClusterError(f"containerd exited; see {NODE.log('containerd')}:\n"
                            f"{_tail(NODE.log('containerd'))}")
