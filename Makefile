@@ -8,7 +8,7 @@ include cluster/versions.env
 
 .PHONY: help setup proto proto-check buf-lint buf-breaking lint test test-unit \
         test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-jobs bench-infer up down status grpcurl \
-        devstack-up devstack-down devstack-status clean
+        devstack-up devstack-down devstack-status clean sim-autoscale
 
 help: ## This list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -72,6 +72,9 @@ bench-infer: setup ## Infer end to end (gateway -> Redis -> a worker replica) vs
 
 bench-jobs: setup ## The whole plane vs bare Kueue on the real cluster; the gate; the ledger vs Kubernetes
 	$(PY) -m bench.jobs $(BENCH_ARGS)
+
+sim-autoscale: setup ## Autoscaler scenarios replayed through its core (simulated): reports/sim-autoscale/
+	$(PY) -m services.autoscaler.sim --out reports/sim-autoscale $(SIM_ARGS)
 
 up: setup grpcurl ## Run the plane for people: devstack + meter, gateway, admission (+ placer)
 	$(PY) -m kestrel.plane up
