@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import random
+import textwrap
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -488,6 +489,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     fig, axes = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
     ax_r, ax_q, ax_p, ax_w = axes
+    labelled: set[str] = set()
     for i, e in enumerate(result["endpoints"]):
         s, lo = e["series"], e["load_only_series"]
         ts = list(range(len(s["target"])))
@@ -509,7 +511,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 ys.append(s["target"][t])
         for reason, (xs, ys) in sorted(marks.items()):
             ax_r.scatter(xs, ys, s=22, color=_COLORS[reason], zorder=3,
-                         label=reason if i == 0 else None)
+                         label=None if reason in labelled else reason)
+            labelled.add(reason)
         ax_q.plot(ts, s["queue"], style, color="tab:orange", label="queue" + tag)
         ax_q.plot(ts, lo["queue"], style, color="gray", alpha=0.5,
                   label="load-only queue" + tag)
@@ -533,7 +536,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for ax in axes:
         ax.legend(loc="upper left", fontsize=7, ncol=4)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{result['scenario']} (SIMULATED): {result['story']}", fontsize=10)
+    title = f"{result['scenario']} (SIMULATED): {result['story']}".replace("$", r"\$")
+    fig.suptitle(textwrap.fill(title, 130), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90, metadata={"Software": None})
     plt.close(fig)
