@@ -143,8 +143,9 @@ class _Endpoint:
         return {p: sum(n for _, n in self.queues.get(p, ())) for p in Priority}
 
 
-def _serve(ep: _Endpoint, t: int) -> tuple[int, float | None, int]:
-    """One second of queue and service; returns (arrived, p95 ms or None, in flight)."""
+def _serve(ep: _Endpoint, t: int) -> tuple[int, float | None, int, int]:
+    """One second of queue and service: (arrived, p95 ms or None, in flight, dropped)."""
+    dropped_before = ep.dropped
     arrived = ep.trace[t]
     for p, n in arrived.items():
         if n:
@@ -182,7 +183,7 @@ def _serve(ep: _Endpoint, t: int) -> tuple[int, float | None, int]:
     if waiting:
         p95 = max(p95 or 0.0, 1000.0 * (t - min(waiting)) + SERVICE_MS)
     in_flight = round(served * SERVICE_MS / 1000)
-    return total, p95, in_flight
+    return total, p95, in_flight, ep.dropped - dropped_before
 
 
 def _admit(eps: list[_Endpoint], t: int, cohort: int | None) -> None:
@@ -228,7 +229,7 @@ def run(scenario: Scenario, seed: int, *, budget_aware: bool = True) -> dict[str
             e.cost += step_cost
             charged[e.plan.tenant] += step_cost
             burn[e.plan.tenant] += step_cost
-        for e, (arrived, p95, in_flight) in zip(eps, observed, strict=True):
+        for e, (arrived, p95, in_flight, dropped) in zip(eps, observed, strict=True):
             tp = tenants[e.plan.tenant]
             b = budget(credits[tp.name], charged[tp.name], tp.other_reserved, burn[tp.name])
             remaining, runway_s = (b.remaining, b.runway_s) if budget_aware \
@@ -249,7 +250,7 @@ def run(scenario: Scenario, seed: int, *, budget_aware: bool = True) -> dict[str
             e.requested = decision.target
             queued = sum(inputs.queue_depth.values())
             missed = (p95 is not None and p95 > e.plan.policy.target_p95_ms) or (
-                queued > 0 and ready == 0)
+                queued > 0 and ready == 0) or dropped > 0
             s = e.series
             for key, value in (("target", decision.target), ("ready", ready),
                                ("billed", len(e.admitted)), ("queue", queued),
@@ -434,7 +435,8 @@ def markdown(rep: dict[str, Any]) -> str:
            f"waiting over {m['deadline_s']} s is dropped. Every decision comes from "
            "`services.autoscaler.core.decide`; the load-only run is the same core with an "
            "unlimited budget, on the same arrivals. An SLA-second is a second whose p95 is "
-           "over the endpoint's target, or in which requests wait with no replica ready.", ""]
+           "over the endpoint's target, in which requests wait with no replica ready, or in "
+           "which requests are dropped.", ""]
     for r in rep["scenarios"]:
         out += [f"## {r['scenario']} (simulated)", "", r["story"] + ".", "",
                 f"![{r['scenario']}]({r['scenario']}.png)", ""]
