@@ -101,4 +101,40 @@ devstack-status:
 clean: devstack-down
 	rm -rf .run
 
+# --- operator console (console/: Next.js; README "Operator console") -------------
+CONSOLE_PORT ?= $(or $(KESTREL_CONSOLE_PORT),3000)
+CONSOLE_SRC := $(shell find console/src console/next.config.ts console/tsconfig.json -type f 2>/dev/null)
+CONSOLE_NPM := PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm --prefix console
+
+.PHONY: console console-deps console-gen console-check test-console
+
+console-deps: ## npm ci for console/, skipped while package-lock.json's hash is unchanged
+	@want=$$(sha256sum console/package-lock.json | cut -d' ' -f1); \
+	  if [ "$$(cat console/node_modules/.lock-sha256 2>/dev/null)" != "$$want" ]; then \
+	    echo "console-deps: npm ci (package-lock.json changed or first run)"; \
+	    $(CONSOLE_NPM) ci --no-audit --no-fund && echo $$want > console/node_modules/.lock-sha256; \
+	  fi
+
+console-gen: setup console-deps ## Regenerate console/src/gen (TypeScript) from proto/ with buf + protoc-gen-es
+	cd console && ../$(BUF) generate ../proto --template buf.gen.yaml
+
+console-check: setup console-deps ## Fail if console/src/gen is not what proto/ generates
+	@tmp=$$(mktemp -d); cp console/buf.gen.yaml $$tmp/; \
+	  sed -i "s|local: node_modules|local: $(CURDIR)/console/node_modules|; s|out: src/gen|out: $$tmp/gen|" $$tmp/buf.gen.yaml; \
+	  $(BUF) generate proto --template $$tmp/buf.gen.yaml && diff -r $$tmp/gen console/src/gen >/dev/null || \
+	  { echo "console/src/gen is stale: run 'make console-gen' and commit"; rm -rf $$tmp; exit 1; }; \
+	  rm -rf $$tmp; echo "console-check: generated TypeScript clients are fresh"
+
+console/.next/BUILD_ID: $(CONSOLE_SRC) console/package-lock.json
+	cd console && node_modules/.bin/next build
+
+console: setup console-deps console-check console/.next/BUILD_ID ## Run the operator console on 127.0.0.1:$KESTREL_CONSOLE_PORT (3000) against `make up`'s plane
+	@echo "console: http://127.0.0.1:$(CONSOLE_PORT)  (gateway $${KESTREL_GATEWAY_ADDR:-127.0.0.1:50051}, meter $${KESTREL_METER_ADDR:-127.0.0.1:50053}, admission $${KESTREL_ADMISSION_ADDR:-127.0.0.1:50052}; operator token from $${KESTREL_OPERATOR_TOKEN:+KESTREL_OPERATOR_TOKEN}$${KESTREL_OPERATOR_TOKEN:-$${KESTREL_OPERATOR_TOKEN_FILE:-.run/plane/operator-token}})"
+	cd console && exec node_modules/.bin/next start -H 127.0.0.1 -p $(CONSOLE_PORT)
+
+test-console: setup console-deps console-check console/.next/BUILD_ID ## Playwright + Debian's chromium against the console on a throwaway plane
+	@command -v chromium >/dev/null || { echo "test-console: installing Debian's chromium"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	cd console && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 node_modules/.bin/playwright test
+
 -include cluster/cluster.mk

@@ -1,0 +1,108 @@
+import { test, expect, kestrel, plane, screenshot, url } from "./fixtures";
+import { parseDec, sumDec } from "../src/lib/decimal";
+
+const VIEWS: [string, string, RegExp][] = [
+  ["tenants", "/", /Tenants/],
+  ["tenant-acme", "/tenants/acme", /Tenant acme/],
+  ["tenant-live", "/tenants/live", /Tenant live/],
+  ["tenant-tiny", "/tenants/tiny", /Tenant tiny/],
+  ["ledger-acme", "/ledger/acme", /Ledger rows of/],
+  ["jobs", "/jobs", /Jobs/],
+  ["prices", "/prices", /Prices/],
+  ["endpoints", "/endpoints", /Endpoints/],
+  ["cluster", "/cluster", /Cluster/],
+];
+
+for (const [name, path, title] of VIEWS) {
+  const live = path.startsWith("/ledger/") ? "" : ", refreshes live"; // a ledger page is a snapshot at one sequence
+  test(`view ${name} (${path}) loads${live}, without errors`, async ({ page }) => {
+    await page.goto(url(path));
+    await expect(page.locator("h1")).toHaveText(title);
+    await expect(page.getByTestId("error")).toHaveCount(0);
+    if (live) {
+      // One live refresh (every 2 s) must happen without a reload or an error.
+      const before = await page.getByTestId("as-of").textContent();
+      await expect(page.getByTestId("as-of")).not.toHaveText(before!, { timeout: 8000 });
+    }
+    const html = await page.content();
+    expect(html).not.toContain(process.env.KESTREL_OPERATOR_TOKEN_FOR_LEAK_CHECK!);
+    await screenshot(page, name);
+  });
+}
+
+test("the runway a tenant page shows equals the meter's figure", async ({ page }) => {
+  for (const tenant of plane().tenants) {
+    // Ticks move charged: compare at one ledger sequence (the CLI read before and after
+    // the page agree on it), retrying when a tick fell in between.
+    let done = false;
+    for (let attempt = 0; attempt < 10 && !done; attempt++) {
+      const before = kestrel("runway", tenant).runway;
+      await page.goto(url(`/tenants/${tenant}`));
+      const shown = {
+        runwayS: await page.getByTestId("runway-s").textContent(),
+        charged: await page.getByTestId("charged").textContent(),
+        reserved: await page.getByTestId("reserved").textContent(),
+        remaining: await page.getByTestId("remaining").textContent(),
+        credits: await page.getByTestId("credits").textContent(),
+        seq: await page.getByTestId("ledger-seq").textContent(),
+      };
+      const after = kestrel("runway", tenant).runway;
+      if (before.ledger_seq !== after.ledger_seq || shown.seq !== after.ledger_seq) continue;
+      expect(shown.runwayS).toBe(after.unlimited ? "unlimited" : String(after.runway_s));
+      for (const k of ["charged", "reserved", "remaining", "credits"] as const) {
+        expect(parseDec(shown[k]!), `${tenant} ${k}`).toBe(parseDec(after[k]));
+      }
+      done = true;
+    }
+    expect(done, `${tenant}: a stable ledger sequence to compare at`).toBe(true);
+  }
+  const live = kestrel("runway", "live").runway;
+  expect(live.unlimited).toBe(false); // one finite runway is among those compared
+});
+
+for (const tenant of ["acme", "live"]) {
+  test(`clicking ${tenant}'s charged figure shows the rows that sum to it`, async ({ page }) => {
+    await page.goto(url(`/tenants/${tenant}`));
+    const charged = (await page.getByTestId("charged").textContent())!;
+    const gpuS = (await page.getByTestId("gpu-seconds").textContent())!;
+    expect(parseDec(charged)).toBeGreaterThan(0n);
+    await page.getByTestId("charged").click();
+    await expect(page.locator("h1")).toContainText("Ledger rows of");
+    const costs = await page.getByTestId("row-cost").allTextContents();
+    expect(costs.length).toBeGreaterThan(0);
+    expect(parseDec(sumDec(costs))).toBe(parseDec(charged));
+    const gpu = await page.getByTestId("row-gpu-s").allTextContents();
+    expect(parseDec(sumDec(gpu))).toBe(parseDec(gpuS));
+    expect(parseDec((await page.getByTestId("rows-sum-cost").textContent())!)).toBe(parseDec(charged));
+    await expect(page.getByTestId("figure-match")).toHaveText("= Σ of these rows");
+    if (tenant === "acme") {
+      // 1 GPU for 10 s at 0.01 per GPU-second, as the plane's events said.
+      expect(parseDec(sumDec(gpu))).toBe(parseDec("10"));
+      expect(parseDec(charged)).toBe(parseDec("0.1"));
+      await screenshot(page, "ledger-acme-charged");
+    }
+  });
+}
+
+test("a held job shows the runway check's reason", async ({ page }) => {
+  const { jobs, held_reason } = plane();
+  for (const path of ["/jobs", "/tenants/tiny"]) {
+    await page.goto(url(path));
+    const row = page.getByTestId(`job-${jobs.tiny_held}`);
+    await expect(row.getByTestId("state")).toHaveText("HELD");
+    await expect(row.getByTestId("reason")).toHaveText(held_reason);
+    await expect(row.getByTestId("reason")).toContainText("held until");
+  }
+});
+
+test("a top-up shows on the open page without a reload", async ({ page }) => {
+  await page.goto(url("/tenants/live"));
+  const credits = (await page.getByTestId("credits").textContent())!;
+  // A reload would lose this mark; router.refresh() keeps the document.
+  await page.evaluate(() => { (window as unknown as { mark: number }).mark = 42; });
+  kestrel("top-up", "live", "5");
+  const want = (parseDec(credits) + parseDec("5")).toString();
+  await expect.poll(async () => parseDec((await page.getByTestId("credits").textContent())!).toString(),
+    { timeout: 10_000 }).toBe(want);
+  expect(await page.evaluate(() => (window as unknown as { mark?: number }).mark)).toBe(42);
+});
