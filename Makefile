@@ -129,7 +129,7 @@ console/.next/BUILD_ID: $(CONSOLE_SRC) console/package-lock.json
 	cd console && node_modules/.bin/next build
 
 console: setup console-deps console-check console/.next/BUILD_ID ## Run the operator console on 127.0.0.1:$KESTREL_CONSOLE_PORT (3000) against `make up`'s plane
-	@echo "console: http://127.0.0.1:$(CONSOLE_PORT)  (gateway $${KESTREL_GATEWAY_ADDR:-127.0.0.1:50051}, meter $${KESTREL_METER_ADDR:-127.0.0.1:50053}, admission $${KESTREL_ADMISSION_ADDR:-127.0.0.1:50052}; operator token from $${KESTREL_OPERATOR_TOKEN:+KESTREL_OPERATOR_TOKEN}$${KESTREL_OPERATOR_TOKEN:-$${KESTREL_OPERATOR_TOKEN_FILE:-.run/plane/operator-token}})"
+	@echo "console: http://127.0.0.1:$(CONSOLE_PORT)  (gateway $${KESTREL_GATEWAY_ADDR:-127.0.0.1:50051}, meter $${KESTREL_METER_ADDR:-127.0.0.1:50053}, admission $${KESTREL_ADMISSION_ADDR:-127.0.0.1:50052}; operator token from $$(if [ -n "$$KESTREL_OPERATOR_TOKEN" ]; then echo '$$KESTREL_OPERATOR_TOKEN'; else echo "$${KESTREL_OPERATOR_TOKEN_FILE:-.run/plane/operator-token}"; fi))"
 	cd console && exec node_modules/.bin/next start -H 127.0.0.1 -p $(CONSOLE_PORT)
 
 test-console: setup console-deps console-check console/.next/BUILD_ID ## Playwright + Debian's chromium against the console on a throwaway plane

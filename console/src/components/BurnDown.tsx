@@ -39,6 +39,9 @@ export default function BurnDown({ credits, points, asOfUs, burnPerS, moneyRunwa
         <text x={P - 4} y={y(hi) + 4} textAnchor="end" fontSize="10">{hi.toPrecision(4)}</text>
         <text x={P - 4} y={y(0) + 4} textAnchor="end" fontSize="10">0</text>
         <polyline points={line} fill="none" stroke="#26c" strokeWidth="2" />
+        {series.slice(-200).map((s, i) => <circle key={i} cx={x(s.t)} cy={y(s.left)} r="2.5" fill="#26c" />)}
+        <line x1={x(asOfUs)} y1={P / 2} x2={x(asOfUs)} y2={H - P} stroke="#999" strokeDasharray="2 3" />
+        <text x={x(asOfUs) + 3} y={P / 2 + 8} fontSize="10" fill="#666">now</text>
         {projEnd && (
           <line x1={x(Math.max(last.t, asOfUs))} y1={y(last.left)} x2={x(projEnd.t)} y2={y(projEnd.left)}
             stroke="#c62" strokeWidth="1.5" strokeDasharray="5 4" />
