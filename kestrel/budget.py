@@ -35,10 +35,15 @@ class Hold:
     amount: Decimal
     consumed: Decimal = ZERO
     closed: bool = False  # its allocation closed: the final cost is in `charged`
+    # An endpoint replica's: it holds the whole amount (a horizon of its spend) for as
+    # long as the replica runs; open-ended work never uses its reservation up.
+    rolling: bool = False
 
     @property
     def held(self) -> Decimal:
-        return ZERO if self.closed else max(ZERO, self.amount - self.consumed)
+        if self.closed:
+            return ZERO
+        return self.amount if self.rolling else max(ZERO, self.amount - self.consumed)
 
 
 def reserved_of(holds: Iterable[Hold]) -> Decimal:

@@ -49,6 +49,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from kestrel.workloads import CPU_FLAVOR
+
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
@@ -504,7 +506,6 @@ KUBELET_HEALTHZ_PORT = int(os.environ.get("KESTREL_KUBELET_HEALTHZ_PORT", "10248
 POD_CIDR = os.environ.get("KESTREL_POD_CIDR", "10.244.250.0/24")
 CNI_BIN_DIR = Path(os.environ.get("KESTREL_CNI_BIN_DIR", "/usr/lib/cni"))
 CPU_NODE_SELECTOR = "kestrel.dev/pool=cpu,kestrel.dev/simulated=false"
-CPU_FLAVOR = "cpu"
 CPU_NODE_LABELS = {
     "kestrel.dev/pool": "cpu",
     "kestrel.dev/simulated": "false",

@@ -14,6 +14,20 @@ TENANT_LABEL = "kestrel.dev/tenant"
 EVICTION_REASON_ANNOTATION = "kestrel.dev/eviction-reason"
 
 
+# The CPU pool: the real kubelet node, Kueue flavor `cpu`. Its unit is a CPU core (a
+# ledger row of flavor `cpu` counts core-seconds, priced per core-second); every other
+# flavor's unit is a GPU. Each tenant's ClusterQueue holds CPU_POOL_CORES of it.
+CPU_FLAVOR = "cpu"
+CPU_POOL_CORES = 2
+# On an endpoint replica's Job and pod: the endpoint it serves.
+ENDPOINT_LABEL = "kestrel.dev/endpoint"
+
+
+def unit_of(flavor: str) -> str:
+    """What one unit of a flavor is, in the words a ledger row is shown with."""
+    return "core" if flavor == CPU_FLAVOR else "GPU"
+
+
 def budget_spent_reason(tenant: str) -> str:
     return f"evicted: tenant {tenant}'s budget is spent"
 

@@ -204,6 +204,7 @@ class JobSpec(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     SIM_DURATION_S_FIELD_NUMBER: _builtins.int
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Human name, [a-z0-9-], at most 63 characters."""
     image: _builtins.str
@@ -221,6 +222,13 @@ class JobSpec(_message.Message):
     its bound (10% short of max_duration_s, 3 s to 60 s short). Longer than
     max_duration_s: the Job's deadline fails it, as it would a real job.
     """
+    endpoint_id: _builtins.str
+    """Set by the gateway, never by a tenant: this job is one replica of that endpoint.
+    It runs the model worker until it is cancelled (no deadline), and its reservation
+    rolls: it holds gpus x max_duration_s x price (the endpoint's horizon) for as long
+    as it runs, instead of shrinking as the ledger consumes it. On the `cpu` flavor
+    `gpus` counts CPU cores of the real kubelet node.
+    """
     @_builtins.property
     def command(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -237,10 +245,11 @@ class JobSpec(_message.Message):
         priority: _builtins.int = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         sim_duration_s: _builtins.int = ...,
+        endpoint_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "flavor", b"flavor", "gpus", b"gpus", "image", b"image", "labels", b"labels", "max_duration_s", b"max_duration_s", "name", b"name", "priority", b"priority", "sim_duration_s", b"sim_duration_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "endpoint_id", b"endpoint_id", "flavor", b"flavor", "gpus", b"gpus", "image", b"image", "labels", b"labels", "max_duration_s", b"max_duration_s", "name", b"name", "priority", b"priority", "sim_duration_s", b"sim_duration_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

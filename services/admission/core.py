@@ -64,10 +64,13 @@ class Book:
     started: set[str] = field(default_factory=set)  # holds whose allocation may be metered
     pending: Decimal = ZERO  # sum of holds not (known to be) started
     held: dict[str, JobAsk] = field(default_factory=dict)
+    rolling: set[str] = field(default_factory=set)  # holds of endpoint replicas
 
-    def hold(self, job_id: str, amount: Decimal) -> None:
+    def hold(self, job_id: str, amount: Decimal, rolling: bool = False) -> None:
         self.holds[job_id] = amount
         self.pending += amount
+        if rolling:
+            self.rolling.add(job_id)
 
     def start(self, job_id: str) -> None:
         if job_id in self.holds and job_id not in self.started:
@@ -79,6 +82,7 @@ class Book:
         if amount is not None and job_id not in self.started:
             self.pending -= amount
         self.started.discard(job_id)
+        self.rolling.discard(job_id)
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,7 @@ class Outcome:
 
 def ask_of(row: JobRow, flavor: str) -> JobAsk:
     return JobAsk(row.job_id, row.tenant, row.gpus, flavor, row.max_duration_s, row.priority,
-                  row.seq)
+                  row.seq, rolling=bool(common_pb2.JobSpec.FromString(row.spec).endpoint_id))
 
 
 class Admission:
@@ -112,9 +116,9 @@ class Admission:
 
     async def load(self) -> None:
         self.prices = await self.store.prices()
-        for tenant, job_id, amount, state in await self.store.open_holds():
+        for tenant, job_id, amount, state, rolling in await self.store.open_holds():
             b = self.book(tenant)
-            b.hold(job_id, amount)
+            b.hold(job_id, amount, rolling)
             if JobState(state) not in (JobState.ADMITTED, JobState.QUEUED):
                 b.start(job_id)
         for tenant in await self.store.held_tenants():
@@ -144,7 +148,8 @@ class Admission:
         """The budget a decision needs: started holds count what they have not yet
         consumed, so this snapshot carries each started allocation's cost."""
         snap = await self._snapshot(tenant, b, costs=True)
-        started = tuple(Hold(jid, b.holds[jid], snap.consumed.get(jid, ZERO)) for jid in b.started)
+        started = tuple(Hold(jid, b.holds[jid], snap.consumed.get(jid, ZERO),
+                             rolling=jid in b.rolling) for jid in b.started)
         return snap.policy, Budget(snap.credits, b.charged, b.pending, started)
 
     async def money(self, tenant: str) -> Money | None:
@@ -188,7 +193,7 @@ class Admission:
                     raise FailedPrecondition(f"job id {ask.job_id} is taken")
                 return self._replay(again)
             if d.verdict is Verdict.ADMITTED:
-                b.hold(ask.job_id, d.reserved)
+                b.hold(ask.job_id, d.reserved, ask.rolling)
             elif d.verdict is Verdict.HELD:
                 b.held[ask.job_id] = ask_of(row, ask.flavor)
             return Outcome(row, d, budget.plus(d.reserved)
@@ -220,7 +225,7 @@ class Admission:
                 if row is None:
                     continue
                 if d.verdict is Verdict.ADMITTED:
-                    b.hold(ask.job_id, d.reserved)
+                    b.hold(ask.job_id, d.reserved, ask.rolling)
                 await self.publish(row, JobState.HELD)
                 released.append(row)
         return released

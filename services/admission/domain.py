@@ -14,8 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
+from kestrel import budget
 from kestrel.jobs import TERMINAL, JobState
 from kestrel.money import ZERO, fmt
+from kestrel.workloads import CPU_FLAVOR, CPU_POOL_CORES, unit_of
 
 __all__ = ["TERMINAL", "JobState"]
 
@@ -36,6 +38,8 @@ class JobAsk:
     max_duration_s: int
     priority: int
     seq: int = 0  # FIFO order among equals
+    # An endpoint replica: open-ended, its hold rolls (see Hold.rolling).
+    rolling: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,15 @@ class Hold:
     amount: Decimal
     consumed: Decimal = ZERO
     closed: bool = False  # the meter closed its allocation: the hold is spent
+    # An endpoint replica's hold: it keeps the whole amount (its horizon) for as long
+    # as the replica runs, whatever the ledger has consumed; open-ended work never
+    # "uses up" its reservation.
+    rolling: bool = False
+
+    @property
+    def held(self) -> Decimal:
+        """kestrel.budget's one formula for what a hold still holds."""
+        return budget.Hold(self.amount, self.consumed, self.closed, self.rolling).held
 
 
 @dataclass(frozen=True)
@@ -67,8 +80,7 @@ class Budget:
 
     @property
     def reserved(self) -> Decimal:
-        return self.pending + sum(
-            (max(ZERO, h.amount - h.consumed) for h in self.started if not h.closed), ZERO)
+        return self.pending + sum((h.held for h in self.started), ZERO)
 
     @property
     def remaining(self) -> Decimal:
@@ -91,6 +103,13 @@ def price_job(job: JobAsk, policy: Policy, prices: Mapping[str, Decimal],
     """(flavor priced, reservation) or, when the job can never run, why not."""
     if job.gpus > max_node_gpus:
         return f"asks for {job.gpus} GPUs but the largest node has {max_node_gpus}"
+    if job.flavor == CPU_FLAVOR:  # the CPU pool: cores, the same for every tenant
+        if job.flavor not in prices:
+            return f"flavor {job.flavor} has no price"
+        if job.gpus > CPU_POOL_CORES:
+            return (f"asks for {job.gpus} cores of the CPU pool but the quota is "
+                    f"{CPU_POOL_CORES}")
+        return job.flavor, prices[job.flavor] * job.gpus * job.max_duration_s
     if job.flavor:
         if job.flavor not in prices:
             return f"flavor {job.flavor} has no price"
@@ -119,8 +138,8 @@ def decide(job: JobAsk, policy: Policy, budget: Budget, prices: Mapping[str, Dec
     if isinstance(priced, str):
         return Decision(Verdict.REJECTED, priced)
     flavor, cost = priced
-    need = (f"needs {fmt(cost)} credits ({job.gpus} GPU x {job.max_duration_s} s "
-            f"x {fmt(prices[flavor])} on {flavor})")
+    need = (f"needs {fmt(cost)} credits ({job.gpus} {unit_of(flavor)} x "
+            f"{job.max_duration_s} s x {fmt(prices[flavor])} on {flavor})")
     if cost > budget.credits:
         return Decision(Verdict.REJECTED, f"{need}, more than the whole budget of "
                                           f"{fmt(budget.credits)}", cost, flavor)

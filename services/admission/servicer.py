@@ -36,7 +36,8 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServicer):
             v.add("job.spec.max_duration_s", "must be positive")
         v.raise_if_any()
         ask = JobAsk(job.job_id, job.tenant, job.spec.gpus, job.spec.flavor,
-                     job.spec.max_duration_s, job.spec.priority)
+                     job.spec.max_duration_s, job.spec.priority,
+                     rolling=bool(job.spec.endpoint_id))
         out = await self.admission.admit(ask, job.spec.name, job.spec.SerializeToString(),
                                          job.idempotency_key)
         b = out.budget

@@ -112,20 +112,23 @@ class AdmissionStore:
               INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, time_us)
               SELECT job_id, tenant, 0, state, reason, $13 FROM j),
             r AS (
-              INSERT INTO reservations (reservation_id, tenant, workload_id, amount, created_us)
-              SELECT job_id, tenant, job_id, reserved, $13 FROM j WHERE $16::boolean)
+              INSERT INTO reservations (reservation_id, tenant, workload_id, amount, created_us,
+                                        rolling)
+              SELECT job_id, tenant, job_id, reserved, $13, $17 FROM j WHERE $16::boolean)
             SELECT * FROM j""",
             ask.job_id, ask.tenant, name, spec, ask.gpus, ask.priority, ask.max_duration_s,
             int(state), d.reason, d.reserved if admitted else 0, d.priced_flavor, key, now_us,
-            now_us if admitted else 0, now_us if d.verdict is Verdict.REJECTED else 0, admitted)
+            now_us if admitted else 0, now_us if d.verdict is Verdict.REJECTED else 0, admitted,
+            ask.rolling)
         return job_row(r) if r else None
 
     @staticmethod
     async def _reserve(conn: asyncpg.Connection, ask: JobAsk, amount: Decimal,
                        now_us: int) -> None:
         await conn.execute(
-            "INSERT INTO reservations (reservation_id, tenant, workload_id, amount, created_us) "
-            "VALUES ($1, $2, $1, $3, $4)", ask.job_id, ask.tenant, amount, now_us)
+            "INSERT INTO reservations (reservation_id, tenant, workload_id, amount, created_us, "
+            "rolling) VALUES ($1, $2, $1, $3, $4, $5)", ask.job_id, ask.tenant, amount, now_us,
+            ask.rolling)
 
     async def admit_held(self, ask: JobAsk, d: Decision, now_us: int) -> JobRow | None:
         """HELD -> ADMITTED (or REJECTED) with its reservation; None if no longer HELD."""
@@ -195,14 +198,15 @@ class AdmissionStore:
             "WHERE reservation_id = ANY($1::text[]) ON CONFLICT DO NOTHING",
             list(job_ids), reason, now_us)
 
-    async def open_holds(self) -> list[tuple[str, str, Decimal, int]]:
-        """(tenant, job id, amount, state) of every unreleased reservation."""
+    async def open_holds(self) -> list[tuple[str, str, Decimal, int, bool]]:
+        """(tenant, job id, amount, state, rolling) of every unreleased reservation."""
         rows = await self.pool.fetch("""
-            SELECT r.tenant, r.reservation_id, r.amount, j.state
+            SELECT r.tenant, r.reservation_id, r.amount, j.state, r.rolling
             FROM reservations r JOIN jobs j ON j.job_id = r.reservation_id
             LEFT JOIN reservation_releases x ON x.reservation_id = r.reservation_id
             WHERE x.reservation_id IS NULL""")
-        return [(r["tenant"], r["reservation_id"], r["amount"], r["state"]) for r in rows]
+        return [(r["tenant"], r["reservation_id"], r["amount"], r["state"], r["rolling"])
+                for r in rows]
 
     async def get_many(self, job_ids: Sequence[str]) -> dict[str, JobRow]:
         rows = await self.pool.fetch(

@@ -7,12 +7,12 @@ from collections.abc import Collection
 from kestrel.endpoints import ENDPOINT_ID_RE, MAX_TEXTS, MODEL_NAME, Priority
 from kestrel.errors import Violations
 from kestrel.v1 import common_pb2, gateway_pb2
+from kestrel.workloads import CPU_FLAVOR
 from services.gateway.validation import name_problem
 
 MAX_REPLICAS = 16
 MAX_TIMEOUT_MS = 60_000
 DEFAULT_TIMEOUT_S = 10.0
-CPU_FLAVOR = "cpu"
 
 
 def check_endpoint_id(v: Violations, endpoint_id: str) -> None:

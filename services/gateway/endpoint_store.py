@@ -20,6 +20,7 @@ class EndpointRow:
     created_us: int
     deleted_us: int
     seq: int
+    replicas: tuple[str, ...] = ()  # job ids of its replicas, oldest first
 
 
 def _row(r: asyncpg.Record) -> EndpointRow:
@@ -28,7 +29,7 @@ def _row(r: asyncpg.Record) -> EndpointRow:
     except DecodeError:
         spec = common_pb2.EndpointSpec(name=r["name"])
     return EndpointRow(r["endpoint_id"], r["tenant"], r["name"], spec, r["created_us"],
-                       r["deleted_us"], r["seq"])
+                       r["deleted_us"], r["seq"], tuple(r["replicas"] or ()))
 
 
 class EndpointStore:
@@ -56,6 +57,12 @@ class EndpointStore:
             SELECT * FROM endpoints WHERE tenant = $1 AND deleted_us = 0 AND seq > $2
             ORDER BY seq LIMIT $3""", tenant, after_seq, limit)
         return [_row(r) for r in rows]
+
+    async def set_replicas(self, tenant: str, endpoint_id: str,
+                           replicas: tuple[str, ...]) -> None:
+        await self.pool.execute(
+            "UPDATE endpoints SET replicas = $3 WHERE endpoint_id = $1 AND tenant = $2",
+            endpoint_id, tenant, list(replicas))
 
     async def delete(self, tenant: str, endpoint_id: str, now_us: int) -> bool:
         """True when this call deleted it (False: not there, or deleted before)."""

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from decimal import Decimal
 from typing import Any, TypeAlias
 
 import grpc
@@ -60,6 +61,7 @@ from services.gateway.endpoint_checks import (
 from services.gateway.endpoint_store import EndpointRow, EndpointStore
 from services.gateway.infer import InferBackend
 from services.gateway.ratelimit import RateLimiter
+from services.gateway.replicas import Replicas, horizon_of
 from services.gateway.store import GatewayStore, KeyRow, Profile
 from services.gateway.validation import (
     JOB_ID_RE,
@@ -133,6 +135,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                  infer_backend: InferBackend | None = None) -> None:
         self.placer = placer
         self.infer_backend = infer_backend
+        self.replicas = Replicas(admission, placer)
+        self._spent: dict[str, tuple[float, bool]] = {}
         self.endpoint_store = EndpointStore(store.pool)
         self._endpoint_rows: dict[tuple[str, str], tuple[float, EndpointRow | None]] = {}
         self.store = store
@@ -477,7 +481,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return gateway_pb2.ListMyUsageResponse(rows=resp.rows,
                                                next_page_token=resp.next_page_token)
 
-    # --- tenant: endpoints (issue 13; replicas are host processes for now) ------
+    # --- tenant: endpoints ---------------------------------------------------
+    # With a placer, each replica is a Kestrel job (services/gateway/replicas.py) that
+    # admission reserves a rolling horizon for and Kueue admits on the real cluster.
+    # Without one (a plane with no cluster), replicas are host processes an operator
+    # starts with KESTREL_WORKER_ENDPOINT=<endpoint id>.
 
     async def _endpoint(self, tenant: str, endpoint_id: str,
                         cached: bool = False) -> EndpointRow:
@@ -504,12 +512,21 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def _endpoint_wire(self, row: EndpointRow) -> common_pb2.Endpoint:
         ready = await self.infer_backend.ready_replicas(row.endpoint_id) \
             if self.infer_backend is not None else 0
-        reason = "" if ready else (
-            "no ready replica: replicas are host processes started with "
-            f"KESTREL_WORKER_ENDPOINT={row.endpoint_id} until Kubernetes placement lands")
+        placed = len(row.replicas)
+        if ready:
+            reason = ""
+        elif self.placer is None:
+            reason = ("no ready replica: with no cluster, replicas are host processes "
+                      f"started with KESTREL_WORKER_ENDPOINT={row.endpoint_id}")
+        elif row.deleted_us:
+            reason = "deleted"
+        else:
+            reason = (f"{placed} replica(s) placed on {row.spec.flavor}; waiting for a "
+                      "worker's first heartbeat (Kueue admission, then the model load)")
         return common_pb2.Endpoint(endpoint_id=row.endpoint_id, tenant=row.tenant,
-                                   spec=row.spec, replicas=ready, ready_replicas=ready,
-                                   reason=reason, created_us=row.created_us)
+                                   spec=row.spec, replicas=max(placed, ready),
+                                   ready_replicas=ready, reason=reason,
+                                   created_us=row.created_us)
 
     async def CreateEndpoint(self, request: gateway_pb2.CreateEndpointRequest,
                              context: Ctx) -> gateway_pb2.CreateEndpointResponse:
@@ -519,11 +536,48 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         v.raise_if_any()
         if tenant.suspended:
             raise FailedPrecondition(f"tenant {tenant.tenant!r} is suspended")
+        spec = normalised_spec(request.spec)
+        if self.placer is not None:
+            spec.reservation_horizon_s = horizon_of(spec)
         row = await self.endpoint_store.insert(f"ep-{uuid.uuid4().hex[:16]}", tenant.tenant,
-                                               normalised_spec(request.spec), now_us())
+                                               spec, now_us())
         if row is None:
             raise AlreadyExists(f"an endpoint named {request.spec.name!r} exists")
+        if self.placer is not None:
+            row = await self._start_replicas(row)
         return gateway_pb2.CreateEndpointResponse(endpoint=await self._endpoint_wire(row))
+
+    async def _start_replicas(self, row: EndpointRow) -> EndpointRow:
+        """Its first replicas (min_replicas, at least one), each admitted against the
+        budget for the horizon; if the budget cannot hold them all, none is kept and
+        the endpoint is not created."""
+        count = max(1, row.spec.min_replicas)
+        try:
+            added = await self.replicas.add(row.tenant, row.endpoint_id, row.spec, 0, count,
+                                            now_us())
+        except grpc.aio.AioRpcError as err:
+            await self.endpoint_store.delete(row.tenant, row.endpoint_id, now_us())
+            raise downstream(err) from None
+        if added.refusal:
+            await self.replicas.stop(row.tenant, added.job_ids, "the endpoint was not created")
+            await self.endpoint_store.delete(row.tenant, row.endpoint_id, now_us())
+            raise FailedPrecondition(
+                f"the budget cannot hold {count} replica(s) of {row.spec.name} for its "
+                f"horizon of {horizon_of(row.spec)} s: {added.refusal}")
+        await self.endpoint_store.set_replicas(row.tenant, row.endpoint_id, added.job_ids)
+        return replace(row, replicas=added.job_ids)
+
+    async def _budget_spent(self, tenant: str) -> bool:
+        """credits - charged <= 0, as the meter last said (cached 2 s per tenant): the
+        runway check has deactivated (or is deactivating) every replica."""
+        hit = self._spent.get(tenant)
+        if hit and time.monotonic() - hit[0] < 2.0:
+            return hit[1]
+        runway = (await _call(self.meter.GetRunway(
+            meter_pb2.GetRunwayRequest(tenant=tenant), timeout=5))).runway
+        spent = Decimal(runway.credits or "0") - Decimal(runway.charged or "0") <= 0
+        self._spent[tenant] = (time.monotonic(), spent)
+        return spent
 
     async def GetEndpoint(self, request: gateway_pb2.GetEndpointRequest,
                           context: Ctx) -> gateway_pb2.GetEndpointResponse:
@@ -553,8 +607,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         v.raise_if_any()
         if await self.endpoint_store.get(tenant.tenant, request.endpoint_id) is None:
             raise NotFound(f"endpoint {request.endpoint_id} not found")
+        row = await self.endpoint_store.get(tenant.tenant, request.endpoint_id)
         deleted = await self.endpoint_store.delete(tenant.tenant, request.endpoint_id, now_us())
         self._endpoint_rows.pop((tenant.tenant, request.endpoint_id), None)
+        if deleted and row is not None and row.replicas:
+            await self.replicas.stop(tenant.tenant, row.replicas, "the endpoint was deleted")
         return gateway_pb2.GatewayDeleteEndpointResponse(deleted=deleted)
 
     async def Infer(self, request: gateway_pb2.InferRequest,
@@ -564,6 +621,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         row = await self._endpoint(tenant.tenant, request.endpoint_id, cached=True)
         if self.infer_backend is None:
             raise Unavailable("inference is not configured on this gateway", 5.0)
+        if row.replicas and await self._budget_spent(tenant.tenant):
+            raise FailedPrecondition(
+                f"tenant {tenant.tenant!r}'s budget is spent: the replicas of endpoint "
+                f"{row.endpoint_id} were stopped; top up, then create the endpoint again")
         reply = await self.infer_backend.infer(tenant.tenant, row.endpoint_id,
                                                list(request.inputs), priority, timeout_s)
         if reply.error:

@@ -76,6 +76,9 @@ def check_submit(req: gateway_pb2.SubmitJobRequest, flavors: Collection[str],
                  max_node_gpus: int) -> None:
     v = Violations()
     check_job_spec(v, req.spec, flavors, max_node_gpus)
+    if req.spec.endpoint_id:
+        v.add("spec.endpoint_id", "is set by the gateway for an endpoint's replicas; a job "
+                                  "leaves it empty (see CreateEndpoint)")
     if req.idempotency_key and not ID_RE.match(req.idempotency_key):
         v.add("idempotency_key", "must be 1-128 characters of A-Z a-z 0-9 . _ : -")
     v.raise_if_any()

@@ -110,9 +110,10 @@ class MeterStore:
         in `charged` (committed in the same transaction as the close). One without an
         allocation has no ledger rows yet and holds its whole amount, so the ledger is
         summed only for the running ones: a tenant with a thousand queued jobs costs a
-        thousand additions here, not a thousand ledger scans on every refresh."""
+        thousand additions here, not a thousand ledger scans on every refresh. A rolling
+        reservation (an endpoint replica's) holds its whole amount while it runs."""
         rows = await self.pool.fetch("""
-            SELECT r.tenant, sum(CASE WHEN a.workload_id IS NULL THEN r.amount
+            SELECT r.tenant, sum(CASE WHEN a.workload_id IS NULL OR r.rolling THEN r.amount
                 ELSE greatest(r.amount - coalesce((SELECT sum(l.cost) FROM ledger l
                                                    WHERE l.workload_id = r.workload_id), 0),
                               0) END) AS held

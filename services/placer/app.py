@@ -56,7 +56,10 @@ class PlacerConfig:
             settings=PlacerSettings(
                 flavors=flavors,
                 runway_check=env_str("KESTREL_RUNWAY_CHECK", "kestrel-runway"),
-                short_bp=env_int("KESTREL_PLACER_SHORT_BP", DEFAULT_SHORT_BP)),
+                short_bp=env_int("KESTREL_PLACER_SHORT_BP", DEFAULT_SHORT_BP),
+                worker_image=env_str("KESTREL_WORKER_IMAGE", ""),
+                worker_redis_url=env_str("KESTREL_WORKER_REDIS_URL",
+                                         Endpoints.from_env("placer").redis_url)),
             refresh_s=float(env_int("KESTREL_PLACER_REFRESH_S", 10)),
             kube_threads=env_int("KESTREL_PLACER_KUBE_THREADS", 32),
             ack_wait_s=env_int("KESTREL_PLACER_ACK_WAIT_S", ACK_WAIT_S),

@@ -24,8 +24,10 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from kestrel import cluster as kc
 from kestrel.clock import Clock, now_us
 from kestrel.errors import FailedPrecondition, Unavailable
+from kestrel.workloads import CPU_FLAVOR
 from services.placer import manifests
 from services.placer.domain import FlavorAsk, Placement, RunwayView, choose_flavor
 from services.placer.kube import JOBS, KINDS, PODS, WORKLOADS, Kube
@@ -54,6 +56,10 @@ class PlacerSettings:
     flavors: tuple[str, ...] = ("gpu-h100", "gpu-a10")
     runway_check: str = "kestrel-runway"
     short_bp: int = 2500
+    # Endpoint replicas on the CPU pool: the model worker in the Kestrel image (empty:
+    # the image the real kubelet node imported) and the Redis it serves requests from.
+    worker_image: str = ""
+    worker_redis_url: str = "redis://127.0.0.1:6379/0"
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class AdmittedJob:
     max_duration_s: int
     sim_duration_s: int
     labels: Mapping[str, str]
+    endpoint_id: str = ""  # a replica of this endpoint (runs the model worker)
 
 
 @dataclass
@@ -190,6 +197,8 @@ class Placer:
     # --- placement -----------------------------------------------------------
 
     def placement(self, job: AdmittedJob, profile: TenantQuota) -> Placement:
+        if job.preference == CPU_FLAVOR:  # the CPU pool is one flavor: nothing to choose
+            return Placement(CPU_FLAVOR, "the CPU pool (real kubelet node), as asked")
         quota = {f: profile.limit(f) for f in self.settings.flavors}
         return choose_flavor(FlavorAsk(job.gpus, job.preference, job.max_duration_s), quota,
                              self.prices, self.runways.get(job.tenant), self.settings.short_bp)
@@ -202,8 +211,13 @@ class Placer:
             return None
         profile = await self.tenant_quota(job.tenant)
         chosen = self.placement(job, profile)
+        worker = None
+        if job.endpoint_id:
+            image = self.settings.worker_image or await asyncio.to_thread(kc.kestrel_image)
+            worker = manifests.Worker(job.endpoint_id, image, self.settings.worker_redis_url)
         plan = manifests.JobPlan(job.job_id, job.tenant, job.name, job.gpus, job.max_duration_s,
-                                 job.sim_duration_s, chosen.flavor, chosen.reason, job.labels)
+                                 job.sim_duration_s, chosen.flavor, chosen.reason, job.labels,
+                                 worker)
         body = manifests.job(plan)
         try:
             stored, created = await asyncio.to_thread(self.kube.create_job, body)

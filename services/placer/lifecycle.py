@@ -32,7 +32,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kestrel.workloads import EVICTION_REASON_ANNOTATION, JOB_ID_LABEL, TENANT_LABEL, EventType
+from kestrel.workloads import (
+    CPU_FLAVOR,
+    EVICTION_REASON_ANNOTATION,
+    JOB_ID_LABEL,
+    TENANT_LABEL,
+    EventType,
+)
 
 __all__ = ["JOB_ID_LABEL", "TENANT_LABEL", "EventType"]
 FLAVOR_ANNOTATION = "kestrel.dev/flavor"
@@ -142,10 +148,29 @@ def identity(job: Obj | None = None, workload: Obj | None = None) -> tuple[str, 
     return None
 
 
+def _cores(value: Any) -> int:
+    """Whole CPU cores of a quantity ("2", "2000m"); 0 for anything else."""
+    text = str(value or "")
+    if text.endswith("m"):
+        milli = _quantity(text[:-1])
+        return milli // 1000 if milli % 1000 == 0 else 0
+    return _quantity(text)
+
+
+def _on_cpu_pool(template: Obj) -> bool:
+    selector = ((template.get("spec") or {}).get("nodeSelector")) or {}
+    return bool(selector.get(FLAVOR_NODE_LABEL) == CPU_FLAVOR)
+
+
 def _pod_gpus(template: Obj) -> int:
-    total = 0
+    """The units a pod holds: its GPUs, or on the CPU pool its whole cores."""
+    total, cpu_pool = 0, _on_cpu_pool(template)
     for c in ((template.get("spec") or {}).get("containers")) or []:
         res = c.get("resources") or {}
+        if cpu_pool:
+            total += _cores((res.get("requests") or {}).get("cpu") or
+                            (res.get("limits") or {}).get("cpu"))
+            continue
         total += _quantity((res.get("limits") or {}).get(GPU) or
                            (res.get("requests") or {}).get(GPU) or 0)
     return total
@@ -157,12 +182,18 @@ def job_gpus(job: Obj | None) -> int:
 
 
 def assignment(workload: Obj) -> tuple[str, int]:
-    """(GPU flavor Kueue assigned, GPUs it reserved); ("", 0) before admission."""
+    """(flavor Kueue assigned, units it reserved: GPUs, or cores on the CPU pool);
+    ("", 0) before admission."""
     flavor, gpus = "", 0
     for psa in ((workload.get("status") or {}).get("admission") or {}).get(
             "podSetAssignments") or []:
-        flavor = flavor or (psa.get("flavors") or {}).get(GPU, "")
-        gpus += _quantity((psa.get("resourceUsage") or {}).get(GPU) or 0)
+        flavors, usage = psa.get("flavors") or {}, psa.get("resourceUsage") or {}
+        if not flavors.get(GPU) and flavors.get("cpu") == CPU_FLAVOR:
+            flavor = flavor or CPU_FLAVOR
+            gpus += _cores(usage.get("cpu"))
+            continue
+        flavor = flavor or flavors.get(GPU, "")
+        gpus += _quantity(usage.get(GPU) or 0)
     if gpus == 0:
         for ps in (workload.get("spec") or {}).get("podSets") or []:
             gpus += _pod_gpus(ps.get("template") or {}) * int(ps.get("count") or 1)

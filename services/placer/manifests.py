@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kestrel.workloads import CPU_FLAVOR, CPU_POOL_CORES, ENDPOINT_LABEL
 from services.placer.lifecycle import (
     FLAVOR_ANNOTATION,
     FLAVOR_NODE_LABEL,
@@ -37,8 +38,7 @@ CPU_PER_GPU, MEMORY_GIB_PER_GPU = 4, 16
 # size on the 2-core development machines), tried after the GPU flavors and with no
 # GPU quota, so GPU pods never take it and CPU pods (which select it) pass the same
 # quota and runway check.
-CPU_FLAVOR = "cpu"
-CPU_POOL_QUOTA: Mapping[str, str] = {"cpu": "2", "memory": "4Gi"}
+CPU_POOL_QUOTA: Mapping[str, str] = {"cpu": str(CPU_POOL_CORES), "memory": "4Gi"}
 
 
 def namespace_of(tenant: str) -> str:
@@ -118,6 +118,19 @@ def admission_check(name: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Worker:
+    """An endpoint replica: the model worker serving `endpoint_id` from Redis."""
+
+    endpoint_id: str
+    image: str
+    redis_url: str
+
+
+# What a worker pod asks for besides its cores (the model and onnxruntime's arenas).
+WORKER_MEMORY = "1Gi"
+
+
+@dataclass(frozen=True)
 class JobPlan:
     """Everything the Job of one admitted Kestrel job is built from."""
 
@@ -130,6 +143,7 @@ class JobPlan:
     flavor: str
     flavor_reason: str
     labels: Mapping[str, str]
+    worker: Worker | None = None
 
 
 def _label_ok(key: str, value: str) -> bool:
@@ -164,6 +178,11 @@ def job(plan: JobPlan) -> dict[str, Any]:
                    FLAVOR_REASON_ANNOTATION: plan.flavor_reason}
     if plan.name:
         annotations["kestrel.dev/name"] = plan.name
+    if plan.worker is not None:
+        labels[ENDPOINT_LABEL] = plan.worker.endpoint_id
+        own = {**own, ENDPOINT_LABEL: plan.worker.endpoint_id}
+        if plan.flavor == CPU_FLAVOR:
+            return _cpu_replica(plan, plan.worker, labels, annotations, {**extra, **own})
     gpus = str(plan.gpus)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -177,7 +196,7 @@ def job(plan: JobPlan) -> dict[str, Any]:
     }
     if plan.flavor:
         pod_spec["nodeSelector"] = {FLAVOR_NODE_LABEL: plan.flavor}
-    return {
+    body: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": plan.job_id, "namespace": namespace_of(plan.tenant),
@@ -194,5 +213,58 @@ def job(plan: JobPlan) -> dict[str, Any]:
                                  plan.max_duration_s, plan.sim_duration_s)}},
                 "spec": pod_spec,
             },
+        },
+    }
+    if plan.worker is not None:  # a simulated GPU replica: runs until it is deleted
+        del body["spec"]["activeDeadlineSeconds"]
+        del body["spec"]["template"]["metadata"]["annotations"][KWOK_DURATION_ANNOTATION]
+    return body
+
+
+def _cpu_replica(plan: JobPlan, worker: Worker, labels: Mapping[str, str],
+                 annotations: Mapping[str, str], pod_labels: Mapping[str, str]
+                 ) -> dict[str, Any]:
+    """A suspended Job whose one pod runs the model worker for real on the CPU pool
+    (the real kubelet node): `plan.gpus` whole cores, no deadline (an endpoint replica
+    runs until the endpoint shrinks or its budget is spent), never retried.
+
+    It shares the node's network: the plane's Redis listens on loopback, as every
+    Kestrel service does by default; in a cluster with a Redis Service the pod would
+    use the pod network instead."""
+    cores = str(plan.gpus)
+    env = {"KESTREL_WORKER_ENDPOINT": worker.endpoint_id, "KESTREL_WORKER_TENANT": plan.tenant,
+           "KESTREL_WORKER_REPLICA": plan.job_id, "KESTREL_REDIS_URL": worker.redis_url,
+           "KESTREL_WORKER_THREADS": cores,
+           # host network: ports chosen by the kernel, so replicas never collide
+           "KESTREL_WORKER_PORT": "0", "KESTREL_WORKER_METRICS_PORT": "0"}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 10,
+        "nodeSelector": {FLAVOR_NODE_LABEL: CPU_FLAVOR},
+        "containers": [{
+            "name": "worker",
+            "image": worker.image,
+            "imagePullPolicy": "Never",  # imported into containerd by images/build.sh
+            "command": ["kestrel-worker"],
+            "env": [{"name": k, "value": v} for k, v in env.items()],
+            "resources": {"requests": {"cpu": cores, "memory": WORKER_MEMORY},
+                          "limits": {"cpu": cores, "memory": WORKER_MEMORY}},
+        }],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": plan.job_id, "namespace": namespace_of(plan.tenant),
+                     "labels": dict(labels), "annotations": dict(annotations)},
+        "spec": {
+            "suspend": True,
+            "parallelism": 1,
+            "completions": 1,
+            "backoffLimit": 0,
+            "template": {"metadata": {"labels": dict(pod_labels)}, "spec": pod_spec},
         },
     }

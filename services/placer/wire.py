@@ -11,7 +11,8 @@ from services.placer.lifecycle import Derived
 def admitted_from_wire(msg: events_pb2.JobAdmitted) -> AdmittedJob:
     job, spec = msg.job, msg.job.spec
     return AdmittedJob(job.job_id, job.tenant, spec.name, spec.gpus, spec.flavor,
-                       spec.max_duration_s, spec.sim_duration_s, dict(spec.labels))
+                       spec.max_duration_s, spec.sim_duration_s, dict(spec.labels),
+                       spec.endpoint_id)
 
 
 def runway_from_wire(msg: events_pb2.RunwayChanged) -> tuple[str, RunwayView]:

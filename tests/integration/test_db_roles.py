@@ -233,7 +233,7 @@ async def test_provisioning_adopts_a_database_the_superuser_migrated(
     owner = await asyncpg.connect(role_dsn(OWNER_ROLE))
     try:
         assert await migrate(owner, "meter", METER_MIGRATIONS) == [
-            "0005_roles.sql", "0006_ledger_chain.sql"]
+            "0005_roles.sql", "0006_ledger_chain.sql", "0007_rolling_reservations.sql"]
     finally:
         await owner.close()
     meter = await asyncpg.connect(role_dsn(SERVICE_ROLES["meter"]))
