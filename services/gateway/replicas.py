@@ -79,7 +79,13 @@ class Replicas:
                 job_id=f"job-{uuid.uuid4().hex[:16]}", tenant=tenant,
                 spec=replica_spec(endpoint_id, spec, index),
                 idempotency_key=f"{endpoint_id}/replica/{index}", created_us=now_us)
-            resp = await self.admission.Admit(admission_pb2.AdmitRequest(job=job), timeout=10)
+            try:
+                resp = await self.admission.Admit(admission_pb2.AdmitRequest(job=job),
+                                                  timeout=10)
+            except grpc.aio.AioRpcError:
+                # keep nothing half-made: the ones admitted so far are stopped
+                await self.stop(tenant, admitted, "the endpoint was not created")
+                raise
             if resp.decision != admission_pb2.DECISION_ADMITTED:
                 if resp.decision == admission_pb2.DECISION_HELD:
                     await self.stop(tenant, [resp.job.job_id], "the endpoint was not created")
