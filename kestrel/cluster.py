@@ -49,7 +49,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from kestrel.workloads import CPU_FLAVOR
+from kestrel.workloads import CPU_FLAVOR as CPU_FLAVOR  # re-exported: kc.CPU_FLAVOR
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
