@@ -605,12 +605,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         v = Violations()
         check_endpoint_id(v, request.endpoint_id)
         v.raise_if_any()
-        if await self.endpoint_store.get(tenant.tenant, request.endpoint_id) is None:
-            raise NotFound(f"endpoint {request.endpoint_id} not found")
         row = await self.endpoint_store.get(tenant.tenant, request.endpoint_id)
+        if row is None:
+            raise NotFound(f"endpoint {request.endpoint_id} not found")
         deleted = await self.endpoint_store.delete(tenant.tenant, request.endpoint_id, now_us())
         self._endpoint_rows.pop((tenant.tenant, request.endpoint_id), None)
-        if deleted and row is not None and row.replicas:
+        if deleted and row.replicas:
             await self.replicas.stop(tenant.tenant, row.replicas, "the endpoint was deleted")
         return gateway_pb2.GatewayDeleteEndpointResponse(deleted=deleted)
 
