@@ -261,7 +261,11 @@ class Admission:
         live = [JobState.ADMITTED, JobState.QUEUED, JobState.RUNNING]
         target = _STATE_OF.get(kind)
         async with b.lock:
-            b.start(job_id)
+            if not EventType(kind).informational:
+                # Only Kueue's admission (or a close) means the meter may hold an
+                # allocation for it. A QUEUED job has none: cancelled, it never will, so
+                # cancel() releases its hold itself.
+                b.start(job_id)
             if target is None:
                 return None
             if target is JobState.QUEUED and flavor:

@@ -112,3 +112,27 @@ async def test_the_gateway_and_the_sdk_pass_both_figures_through(
     assert (r.remaining, r.free_to_reserve, r.runway_s) == (Decimal(0), Decimal(0), 0.0)
     assert r.money_runway_s is not None and 900 < r.money_runway_s <= 1000
     assert r.unspent > 9
+
+
+async def test_cancelling_a_job_kueue_has_queued_but_not_admitted_frees_its_hold(
+        plane: Plane, clean_bus: str) -> None:
+    """Regression: the placer's QUEUED event (its Job exists, Kueue has not admitted it)
+    marked the hold as started, so a cancel left it to the meter's close, which never
+    comes for a job that never ran: the hold stayed reserved for good."""
+    async with AsyncClient(plane.address("gateway"), operator_token=OPERATOR_TOKEN) as op:
+        await op.create_tenant("queued", gpu_quota={"gpu-h100": 8}, rate_per_s=100, burst=100,
+                               initial_credits="10")
+        key = await op.create_api_key("queued", "test")
+    async with AsyncClient(plane.address("gateway"), api_key=key.secret) as c:
+        job = await c.submit_job(name="waits", gpus=1, max_duration_s=100, flavor="gpu-h100")
+        assert job.reserved == 1
+        queued = wev("q-1", "queued", job.job_id, 6, now_us(), gpus=1, flavor="gpu-h100")
+        await publish_events(clean_bus, [queued])  # the placer wrote its Job
+        await eventually(lambda: c.get_job(job.job_id), lambda j: j.state is JobState.QUEUED)
+        await c.cancel_job(job.job_id, reason="test")
+        r = await eventually(c.runway, lambda r: r.reserved == 0, timeout_s=10)
+        assert r.free_to_reserve == 10
+        # ... and admission decides on the same figure: the whole budget is free again.
+        again = await c.submit_job(name="whole", gpus=1, max_duration_s=1000,
+                                   flavor="gpu-h100")
+        assert again.state is JobState.ADMITTED
