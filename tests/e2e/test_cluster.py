@@ -7,7 +7,6 @@ waits are bounded only so a broken cluster fails instead of hanging.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,21 +20,6 @@ from kestrel import cluster as kc
 pytestmark = pytest.mark.e2e
 
 WAIT_S = 180.0  # upper bound for any single wait; never asserted as a duration
-
-
-@pytest.fixture(scope="session")
-def cluster_info() -> Iterator[kc.ClusterInfo]:
-    """The data plane, started if needed; stopped again afterwards if this session
-    started it (set KESTREL_KEEP_CLUSTER=1 to keep it running)."""
-    was_up = kc.is_up()
-    yield kc.ensure_cluster()
-    if not was_up and os.environ.get("KESTREL_KEEP_CLUSTER") != "1":
-        kc.cluster_down()
-
-
-@pytest.fixture(scope="session")
-def api(cluster_info: kc.ClusterInfo) -> Any:
-    return kc.api_client()
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +86,11 @@ def node(api: Any, name: str) -> Any:
     return _k8s().CoreV1Api(api).read_node(name)
 
 
-def test_apiserver_answers_with_pinned_version(cluster_info: kc.ClusterInfo, api: Any) -> None:
+def test_apiserver_answers_with_pinned_version(cluster_up: kc.ClusterInfo, api: Any) -> None:
     pinned = kc.read_versions()["KUBE_VERSION"]
     info = _k8s().VersionApi(api).get_code()
     assert info.git_version == pinned
-    assert cluster_info.kubernetes_version == pinned
+    assert cluster_up.kubernetes_version == pinned
     # Kueue's API is served by this apiserver at the version we use (v1beta2).
     groups = _k8s().ApisApi(api).get_api_versions()
     kueue = [g for g in groups.groups if g.name == kc.KUEUE_GROUP]

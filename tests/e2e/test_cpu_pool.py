@@ -26,19 +26,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="session")
-def cluster_info() -> Iterator[kc.ClusterInfo]:
-    was_up = kc.is_up()
-    yield kc.ensure_cluster()
-    if not was_up and os.environ.get("KESTREL_KEEP_CLUSTER") != "1":
-        kc.cluster_down()
-
-
-@pytest.fixture(scope="session")
-def api(cluster_info: kc.ClusterInfo) -> Any:
-    return kc.api_client()
-
-
 @pytest.fixture(scope="module")
 def tenant(api: Any) -> Iterator[str]:
     """A tenant with 1 H100 and the CPU pool's 2 CPUs / 4 GiB of quota, no cohort."""

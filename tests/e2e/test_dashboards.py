@@ -10,26 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from kestrel import cluster as kc
 from kestrel import prometheus
-from kestrel.devstack import port_map
 from kestrel.procs import REPO
 from kestrel.sdk import AsyncClient, JobState
-from tests.e2e.test_runway_loop import Loop, in_state, until
+from tests.e2e.loop import NAMES, Loop, in_state, plane_env, until
 
 pytestmark = pytest.mark.e2e
 TOKEN = "kso_e2e-dashboards"
 DASHBOARDS = REPO / "deploy" / "grafana"
 WAITING = {"endpoints.json"}  # panels that can only be empty until endpoints exist
-NAMES = ("meter", "gateway", "admission", "placer")
 
 
 def panel_queries() -> list[tuple[str, str, str]]:
@@ -52,46 +49,26 @@ def concrete(expr: str) -> str:
     return out
 
 
-@pytest.fixture(scope="module")
-def cluster_up() -> Iterator[kc.ClusterInfo]:
-    was_up = kc.is_up()
-    yield kc.ensure_cluster()
-    if not was_up and os.environ.get("KESTREL_KEEP_CLUSTER") != "1":
-        kc.cluster_down()
-
-
 @pytest.fixture
 async def watched(cluster_up: kc.ClusterInfo, service_env: dict[str, str], database: str,
                   tmp_path: Path) -> AsyncIterator[tuple[Loop, prometheus.Prometheus]]:
     """The plane with /metrics on, and a Prometheus scraping it every second."""
-    ports = port_map(*NAMES, *(f"{n}-metrics" for n in NAMES))
-    env = {**service_env, "KESTREL_OPERATOR_TOKEN": TOKEN,
-           "KESTREL_KUBECONFIG": str(cluster_up.kubeconfig),
-           "KESTREL_PRICES": "gpu-h100=0.01,gpu-a10=0.001", "KESTREL_METER_TICK_S": "0.2",
-           **{f"KESTREL_{n.upper()}_PORT": str(ports[n]) for n in NAMES},
-           **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{ports[n]}" for n in NAMES},
-           **{f"KESTREL_{n.upper()}_METRICS_PORT": str(ports[f"{n}-metrics"]) for n in NAMES}}
+    env = plane_env(cluster_up, service_env, TOKEN, metrics=True)
     lp = Loop(env, tmp_path, database)
     prom = prometheus.Prometheus(tmp_path / "prometheus")
     try:
-        for n in NAMES:
-            lp.start(n)
+        lp.start_all()
         config = await asyncio.to_thread(
             prometheus.plane_config, prom.root,
-            {n: f"127.0.0.1:{ports[f'{n}-metrics']}" for n in NAMES}, 1.0, lambda s: None)
+            {n: f"127.0.0.1:{env[f'KESTREL_{n.upper()}_METRICS_PORT']}" for n in NAMES}, 1.0,
+            lambda s: None)
         assert {j["job_name"] for j in config["scrape_configs"]} >= {
             "kube-apiserver", "kueue", "kestrel-model-workers"}, "the cluster is up"
         await asyncio.to_thread(prom.up, config)
         yield lp, prom
     finally:
         await asyncio.to_thread(prom.down)
-        for p in lp.procs.values():
-            p.stop()
-        for t in lp.tenants:
-            kc.kubectl("delete", "namespace", f"kestrel-{t}", "--wait=false",
-                       "--ignore-not-found", check=False)
-            kc.kubectl("delete", "clusterqueue", f"kestrel-{t}", "--ignore-not-found",
-                       check=False)
+        lp.stop_all()
 
 
 async def tenant(lp: Loop, credits: str) -> tuple[str, AsyncClient]:

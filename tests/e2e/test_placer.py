@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,16 +52,7 @@ QUEUED, ADMITTED, STARTED, FINISHED, EVICTED, FAILED, CANCELLED = 6, 1, 2, 3, 4,
 
 
 @pytest.fixture(scope="session")
-def data_plane() -> Iterator[kc.ClusterInfo]:
-    """The cluster, started if needed; stopped afterwards if this session started it."""
-    was_up = kc.is_up()
-    yield kc.ensure_cluster()
-    if not was_up and os.environ.get("KESTREL_KEEP_CLUSTER") != "1":
-        kc.cluster_down()
-
-
-@pytest.fixture(scope="session")
-def k8s(data_plane: kc.ClusterInfo) -> Any:
+def k8s(cluster_up: kc.ClusterInfo) -> Any:
     return kc.api_client()
 
 

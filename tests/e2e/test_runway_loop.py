@@ -4,129 +4,30 @@ AdmissionCheck controller), placer, meter, Kueue and KWOK, all real processes.""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 import pytest
 
 from kestrel import cluster as kc
-from kestrel.devstack import port_map
-from kestrel.procs import ServiceProcess
-from kestrel.sdk import AsyncClient, Job, JobState
+from kestrel.sdk import JobState
+from tests.e2e.loop import Loop, allocation, in_state, plane_env, until, workload
 
 pytestmark = pytest.mark.e2e
-T = TypeVar("T")
 TOKEN = "kso_e2e-loop"
-
-
-@pytest.fixture(scope="module")
-def cluster_up() -> Iterator[kc.ClusterInfo]:
-    was_up = kc.is_up()
-    yield kc.ensure_cluster()
-    if not was_up:
-        kc.cluster_down()
-
-
-@dataclass
-class Loop:
-    env: dict[str, str]
-    tmp: Path
-    dsn: str
-    procs: dict[str, ServiceProcess] = field(default_factory=dict)
-    tenants: list[str] = field(default_factory=list)
-    starts: int = 0
-
-    def start(self, name: str) -> None:
-        self.starts += 1
-        self.procs[name] = ServiceProcess(
-            name, self.env, self.env[f"KESTREL_{name.upper()}_ADDR"],
-            self.tmp / f"{name}-{self.starts}.log").start()
-
-    async def tenant(self, credits: str, quota: dict[str, int] | None = None) -> AsyncClient:
-        name = f"e2e{uuid.uuid4().hex[:8]}"
-        self.tenants.append(name)
-        async with AsyncClient(self.env["KESTREL_GATEWAY_ADDR"], operator_token=TOKEN) as op:
-            await op.create_tenant(name, gpu_quota=quota or {"gpu-h100": 8, "gpu-a10": 8},
-                                   rate_per_s=100, burst=100, initial_credits=credits)
-            key = await op.create_api_key(name, "e2e")
-        return AsyncClient(self.env["KESTREL_GATEWAY_ADDR"], api_key=key.secret)
-
-    def operator(self) -> AsyncClient:
-        return AsyncClient(self.env["KESTREL_GATEWAY_ADDR"], operator_token=TOKEN)
 
 
 @pytest.fixture
 async def loop(cluster_up: kc.ClusterInfo, service_env: dict[str, str], database: str,
                tmp_path: Path) -> AsyncIterator[Loop]:
-    names = ("meter", "gateway", "admission", "placer")
-    ports = port_map(*names)
-    env = {**service_env, "KESTREL_OPERATOR_TOKEN": TOKEN,
-           "KESTREL_KUBECONFIG": str(cluster_up.kubeconfig),
-           "KESTREL_PRICES": "gpu-h100=0.01,gpu-a10=0.001", "KESTREL_METER_TICK_S": "0.2",
-           **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
-           **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in ports.items()},
-           **{f"KESTREL_{n.upper()}_METRICS_PORT": "0" for n in names}}
-    lp = Loop(env, tmp_path, database)
+    lp = Loop(plane_env(cluster_up, service_env, TOKEN), tmp_path, database)
     try:
-        for n in names:
-            lp.start(n)
+        lp.start_all()
         yield lp
     finally:
-        for p in lp.procs.values():
-            p.stop()
-        for t in lp.tenants:
-            kc.kubectl("delete", "namespace", f"kestrel-{t}", "--wait=false",
-                       "--ignore-not-found", check=False)
-            kc.kubectl("delete", "clusterqueue", f"kestrel-{t}", "--ignore-not-found",
-                       check=False)
-
-
-async def until(what: str, fn: Callable[[], Awaitable[T | None]], timeout_s: float = 120) -> T:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        value = await fn()
-        if value is not None:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
-def in_state(client: AsyncClient, job_id: str, *states: JobState) -> Callable[
-        [], Awaitable[Job | None]]:
-    async def check() -> Job | None:
-        job = await client.get_job(job_id)
-        return job if job.state in states else None
-    return check
-
-
-async def allocation(dsn: str, workload_id: str) -> tuple[int, int, int] | None:
-    """(status, sum gpu_us, end_us) of an allocation once the meter closed it."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        r = await conn.fetchrow(
-            "SELECT status, end_us, (SELECT coalesce(sum(gpu_us), 0) FROM ledger "
-            "WHERE workload_id = $1) g FROM allocations WHERE workload_id = $1", workload_id)
-    finally:
-        await conn.close()
-    if r is None or r["status"] != 2:
-        return None
-    return r["status"], int(r["g"]), int(r["end_us"])
-
-
-def workload(tenant: str, job_id: str) -> dict[str, Any] | None:
-    from kubernetes import client as k8s
-
-    custom: Any = k8s.CustomObjectsApi(kc.api_client())
-    for w in custom.list_namespaced_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
-                                                  f"kestrel-{tenant}", "workloads")["items"]:
-        if any(o.get("name") == job_id for o in w["metadata"].get("ownerReferences", [])):
-            return dict(w)
-    return None
+        lp.stop_all()
 
 
 async def test_a_held_job_waits_at_the_runway_check_and_kubectl_describe_says_why(
