@@ -6,12 +6,18 @@ Postgres, NATS JetStream and Redis, the meter, gateway, admission and placer, an
 Prometheus scraping them, kube-apiserver and Kueue (its address is printed).
 Then an operator creates two tenants, one with a large budget and one small;
 both submit GPU jobs; the small tenant's jobs are HELD when its budget is
-reserved, then released by a top-up. A live table shows runway, reservations and
-job states; the summary compares the ledger's GPU-seconds with gpus x elapsed
-recomputed from Kubernetes' own timestamps.
+reserved, then released by a top-up. Meanwhile acme serves the real embedding model
+(all-MiniLM-L6-v2 on onnxruntime) from an endpoint on the CPU pool: its replica is a
+pod on the real kubelet node, admitted by Kueue, holding a rolling reservation and
+metered per core-second, and a client sends it requests throughout. A live table
+shows runway, reservations, job states and the endpoint's traffic; the summary
+compares the ledger's GPU-seconds with gpus x elapsed recomputed from Kubernetes' own
+timestamps, and the endpoint's core-seconds with its replica's admission and
+deletion instants.
 
 GPUs are simulated (KWOK nodes): pods "run" for their declared duration. The
-control plane, Kueue quota, the ledger and the runway are real.
+control plane, Kueue quota, the CPU pool's kubelet, the model, the ledger and the
+runway are real.
 
     python -m kestrel.demo [--keep]
 """
@@ -35,13 +41,20 @@ from kestrel import cluster, prometheus
 from kestrel.cli import render
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
-from kestrel.sdk import AsyncClient, Job, JobState, Runway
+from kestrel.sdk import AsyncClient, Endpoint, Job, JobState, KestrelError, Runway
 
 _probe = Console()
 console = _probe if _probe.is_terminal else Console(width=120)
 TOKEN = "kso_demo-operator"
-# Demo prices, credits per GPU-second, high so that budgets move within seconds.
-PRICES = "gpu-h100=0.05,gpu-a10=0.015"
+# Demo prices, credits per GPU-second (per core-second on the CPU pool), high so that
+# budgets move within seconds.
+PRICES = "gpu-h100=0.05,gpu-a10=0.015,cpu=0.002"
+ENDPOINT = ("acme", "embed")  # acme's endpoint on the CPU pool, one replica
+TEXTS = ["A man is eating food.", "A man is eating a piece of bread.",
+         "The girl is carrying a baby.", "A man is riding a horse.",
+         "A woman is playing the violin.", "Two men pushed carts through the woods.",
+         "A monkey is playing drums.", "A cheetah is running behind its prey."]
+MIN_REQUESTS = 20  # the demo keeps sending until the endpoint served at least this many
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,11 @@ class Demo:
         self.runways: dict[str, Runway] = {}
         self.log: list[str] = []
         self.t0 = time.monotonic()
+        self.endpoint: Endpoint | None = None
+        self.served: list[float] = []  # latency (ms) of each answered request
+        self.failed: list[str] = []
+        self.replica = ""  # the replica's job id (the worker names itself after it)
+        self.traffic_stop = asyncio.Event()
 
     def note(self, text: str) -> None:
         self.log.append(f"[dim]{time.monotonic() - self.t0:5.1f}s[/dim] {text}")
@@ -101,6 +119,36 @@ class Demo:
         self.note(f"{p.tenant}: {p.name} ({p.gpus}x {p.flavor}) -> [b]{job.state.value}[/b]"
                   f" {job.reason[:70]}")
 
+    async def serve(self) -> None:
+        """acme's endpoint: create it (its replica is admitted like a job), wait for the
+        worker in its pod to load the model, then send requests of 8 texts, two at a
+        time, until told to stop."""
+        tenant, name = ENDPOINT
+        c = self.clients[tenant]
+        ep = self.endpoint = await c.create_endpoint(name, min_replicas=1, max_replicas=1,
+                                                     flavor="cpu")
+        self.note(f"{tenant}: endpoint [b]{name}[/b] on the CPU pool -> {ep.replicas} "
+                  "replica admitted (a pod on the real kubelet)")
+        deadline = time.monotonic() + 180
+        while ep.ready_replicas < 1:
+            if time.monotonic() > deadline:
+                self.failed.append("no ready replica within 180 s")
+                return
+            await asyncio.sleep(0.5)
+            ep = self.endpoint = await c.get_endpoint(ep.endpoint_id)
+        self.note(f"{tenant}: endpoint [b]{name}[/b] ready: the model loaded in its pod")
+
+        async def client() -> None:
+            while not self.traffic_stop.is_set():
+                t = time.perf_counter()
+                try:
+                    r = await c.infer(ep.endpoint_id, TEXTS, timeout_s=10)
+                    self.served.append((time.perf_counter() - t) * 1e3)
+                    self.replica = r.replica
+                except KestrelError as e:
+                    self.failed.append(e.code_name)
+        await asyncio.gather(client(), client())
+
     async def top_up(self) -> None:
         await asyncio.sleep(TOP_UP_AT_S)
         tenant, amount = TOP_UP
@@ -111,6 +159,8 @@ class Demo:
         for tenant, c in self.clients.items():
             self.runways[tenant] = await c.runway()
             async for job in c.list_jobs():
+                if job.spec.endpoint_id:
+                    continue  # an endpoint's replica: shown with its endpoint
                 old = self.jobs.get(job.job_id)
                 if old is not None and old.state != job.state:
                     self.note(f"{tenant}: {job.spec.name} {old.state.value} -> "
@@ -118,8 +168,13 @@ class Demo:
                               + (f" on {job.flavor}" if job.state is JobState.QUEUED else ""))
                 self.jobs[job.job_id] = job
 
+        if self.endpoint is not None:
+            self.endpoint = await self.clients[ENDPOINT[0]].get_endpoint(
+                self.endpoint.endpoint_id)
+
     def done(self) -> bool:
-        return len(self.jobs) == len(PLAN) and all(j.state.terminal for j in self.jobs.values())
+        return (len(self.jobs) == len(PLAN) and all(j.state.terminal for j in self.jobs.values())
+                and (len(self.served) >= MIN_REQUESTS or bool(self.failed)))
 
     def render(self) -> Group:
         r = Table(title="runway (from the ledger, live)")
@@ -136,7 +191,17 @@ class Demo:
         for job in sorted(self.jobs.values(), key=lambda x: (x.tenant, x.created_us)):
             j.add_row(job.tenant, job.spec.name, str(job.spec.gpus), job.state.value,
                       job.flavor or "-", f"{job.reserved}")
-        return Group(r, j, *self.log)
+        e = Table(title="endpoints (CPU pool: a real kubelet node; the model runs for real)")
+        for col in ("tenant", "endpoint", "flavor", "ready", "requests", "texts", "failed",
+                    "p50 ms"):
+            e.add_column(col)
+        if self.endpoint is not None:
+            ep = self.endpoint
+            p50 = sorted(self.served)[len(self.served) // 2] if self.served else 0.0
+            e.add_row(ep.tenant, ep.name, ep.flavor, f"{ep.ready_replicas}/{ep.replicas}",
+                      str(len(self.served)), str(len(self.served) * len(TEXTS)),
+                      str(len(self.failed)), f"{p50:.0f}")
+        return Group(r, j, e, *self.log)
 
     async def close(self) -> None:
         for c in (*self.clients.values(), self.op):
@@ -178,7 +243,43 @@ async def summary(stack: Stack, demo: Demo) -> bool:
                   f"{g_k8s:.6f}", "[green]yes[/green]" if equal else "[red]NO[/red]",
                   f"{spend:.6f}", f"{overrun:.6f}")
     console.print(t)
-    return ok
+    return await endpoint_summary(stack, demo) and ok
+
+
+async def endpoint_summary(stack: Stack, demo: Demo) -> bool:
+    """The endpoint's replica: requests, and its core-seconds in the ledger against its
+    own instants (Kueue's admission, the deletion), from the placer's events."""
+    if demo.endpoint is None:
+        console.print("[red]the endpoint was never created[/red]")
+        return False
+    db = await asyncpg.connect(stack.postgres_dsn)
+    try:
+        row = await db.fetchrow("""
+            SELECT (SELECT coalesce(sum(gpu_us), 0) FROM ledger WHERE workload_id = $1) u,
+                   (SELECT coalesce(sum(cost), 0) FROM ledger WHERE workload_id = $1) c,
+                   (SELECT max(time_us) FROM workload_events
+                    WHERE workload_id = $1 AND type = 1) a,
+                   (SELECT max(time_us) FROM workload_events
+                    WHERE workload_id = $1 AND type IN (3, 4, 5, 7)) z""", demo.replica)
+    finally:
+        await db.close()
+    t = Table(title="summary of the endpoint: its replica in the ledger vs its own instants")
+    for col in ("tenant", "endpoint", "replica", "requests", "failed", "core-s (ledger)",
+                "core-s (events)", "equal", "spend"):
+        t.add_column(col, justify="right")
+    used = Decimal(int(row["u"])) / 1_000_000 if row else Decimal(0)
+    ok_rows = row is not None and row["a"] is not None and row["z"] is not None
+    want = Decimal(int(row["z"]) - int(row["a"])) / 1_000_000 if ok_rows else Decimal(-1)
+    equal = ok_rows and used == want
+    t.add_row(demo.endpoint.tenant, demo.endpoint.name, demo.replica or "-",
+              str(len(demo.served)), str(len(demo.failed)), f"{used:.6f}",
+              f"{want:.6f}" if ok_rows else "-",
+              "[green]yes[/green]" if equal else "[red]NO[/red]",
+              f"{row['c'] if row else 0:.6f}")
+    console.print(t)
+    if demo.failed:
+        console.print(f"[red]failed requests: {sorted(set(demo.failed))}[/red]")
+    return bool(equal) and not demo.failed and len(demo.served) >= MIN_REQUESTS
 
 
 async def main_async(keep: bool) -> int:
@@ -223,7 +324,8 @@ async def main_async(keep: bool) -> int:
         await demo.setup()
         with Live(demo.render(), console=console, refresh_per_second=4) as live:
             work = asyncio.gather(*(demo.submit(p) for p in PLAN), demo.top_up())
-            deadline = time.monotonic() + 180
+            traffic = asyncio.create_task(demo.serve())
+            deadline = time.monotonic() + 240
             while time.monotonic() < deadline:
                 await demo.refresh()
                 live.update(demo.render())
@@ -231,10 +333,18 @@ async def main_async(keep: bool) -> int:
                     break
                 await asyncio.sleep(0.5)
             await work
+            demo.traffic_stop.set()
+            await traffic
+            if demo.endpoint is not None:
+                await demo.clients[ENDPOINT[0]].delete_endpoint(demo.endpoint.endpoint_id)
+                demo.note(f"{ENDPOINT[0]}: endpoint deleted: its replica stops, metered to "
+                          "that instant")
+                live.update(demo.render())
         await asyncio.sleep(1.5)  # the last ticks and closes reach the ledger
         ok = await summary(stack, demo)
         if not demo.done():
-            console.print("[red]not every job finished within 180 s[/red]")
+            console.print("[red]not every job finished (or the endpoint did not serve "
+                          f"{MIN_REQUESTS} requests) within 240 s[/red]")
             ok = False
         return 0 if ok else 1
     finally:

@@ -28,6 +28,13 @@ def unit_of(flavor: str) -> str:
     return "core" if flavor == CPU_FLAVOR else "GPU"
 
 
+def simulated_flavor(flavor: str) -> bool:
+    """Work on this flavor runs on simulated hardware: every GPU flavor is a pool of
+    KWOK nodes (an empty flavor is one chosen by runway, always a GPU one); only the
+    CPU pool is a real kubelet."""
+    return flavor != CPU_FLAVOR
+
+
 def budget_spent_reason(tenant: str) -> str:
     return f"evicted: tenant {tenant}'s budget is spent"
 

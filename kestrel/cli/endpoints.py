@@ -12,8 +12,9 @@ from kestrel.cli import render
 from kestrel.cli._common import AsJson, OutputOpt, cell, client
 from kestrel.sdk import Endpoint
 
-app = typer.Typer(help="Inference endpoints of the tenant (replicas are host processes "
-                       "for now)", no_args_is_help=True)
+app = typer.Typer(help="Inference endpoints of the tenant: replicas on the CPU pool (a real "
+                       "kubelet) or on a GPU flavor (simulated: KWOK pods, answered by host "
+                       "stand-ins)", no_args_is_help=True)
 EndpointId = Annotated[str, typer.Argument(help="endpoint id (ep-...)")]
 
 
@@ -23,7 +24,9 @@ def endpoints_table(items: Iterable[Endpoint], title: str = "endpoints") -> Tabl
                 "reason"):
         t.add_column(col)
     for e in items:
-        t.add_row(cell(e.endpoint_id), cell(e.name), cell(e.model), cell(e.flavor),
+        flavor = e.flavor or "by runway"
+        t.add_row(cell(e.endpoint_id), cell(e.name), cell(e.model),
+                  cell(f"{flavor} (simulated)" if e.simulated else flavor),
                   str(e.ready_replicas), f"{e.min_replicas}..{e.max_replicas}",
                   render.when(e.created_at), cell(e.reason))
     return t
@@ -33,11 +36,17 @@ def endpoints_table(items: Iterable[Endpoint], title: str = "endpoints") -> Tabl
 def create(ctx: typer.Context, name: Annotated[str, typer.Argument(help="a-z, 0-9 and -")],
            min_replicas: Annotated[int, typer.Option("--min-replicas", min=0)] = 0,
            max_replicas: Annotated[int, typer.Option("--max-replicas", min=0)] = 1,
+           flavor: Annotated[str, typer.Option(
+               help="cpu (the CPU pool, a real kubelet) or a GPU flavor (simulated); "
+                    "empty: a GPU flavor chosen by runway")] = "",
            as_json: AsJson = False, output: OutputOpt = None) -> None:
-    """Create an endpoint serving all-MiniLM-L6-v2. Start a replica on this host with
-    KESTREL_WORKER_ENDPOINT=<endpoint id> python -m services.worker."""
+    """Create an endpoint serving all-MiniLM-L6-v2. With a cluster its replicas start at
+    once, each reserving its cost for the endpoint's horizon; without one, start a
+    replica on this host with KESTREL_WORKER_ENDPOINT=<endpoint id> python -m
+    services.worker."""
     with client(ctx) as c:
-        e = c.create_endpoint(name, min_replicas=min_replicas, max_replicas=max_replicas)
+        e = c.create_endpoint(name, min_replicas=min_replicas, max_replicas=max_replicas,
+                              flavor=flavor)
     render.show(ctx, e, lambda: [endpoints_table([e], "endpoint")], as_json=as_json,
                 output=output)
 
@@ -81,7 +90,8 @@ def infer(ctx: typer.Context, endpoint_id: EndpointId,
         r = c.infer(endpoint_id, text, priority=priority, timeout_s=timeout)
 
     def human() -> list[Table]:
-        t = Table(title=f"{r.model} on {r.replica}: {r.latency_ms:.1f} ms batch, "
+        on = f"{r.replica} (simulated GPU replica)" if r.simulated else r.replica
+        t = Table(title=f"{r.model} on {on}: {r.latency_ms:.1f} ms batch, "
                         f"{r.queue_ms:.1f} ms queued")
         for col in ("#", "text", "vector (first 4 of 384)", "truncated"):
             t.add_column(col)

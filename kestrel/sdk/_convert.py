@@ -238,12 +238,15 @@ class JobSpec:
     priority: int = 0
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     sim_duration_s: int = 0
+    # Set by the platform on a replica of this endpoint (read only: never submitted).
+    endpoint_id: str = ""
 
     @classmethod
     def from_pb(cls, m: common_pb2.JobSpec) -> JobSpec:
         return cls(name=m.name, gpus=m.gpus, max_duration_s=m.max_duration_s, flavor=m.flavor,
                    image=m.image, command=tuple(m.command), priority=m.priority,
-                   labels=dict(sorted(m.labels.items())), sim_duration_s=m.sim_duration_s)
+                   labels=dict(sorted(m.labels.items())), sim_duration_s=m.sim_duration_s,
+                   endpoint_id=m.endpoint_id)
 
     def to_pb(self) -> common_pb2.JobSpec:
         return common_pb2.JobSpec(name=self.name, gpus=self.gpus,

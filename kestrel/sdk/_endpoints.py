@@ -40,6 +40,8 @@ class Endpoint:
     ready_replicas: int
     reason: str
     created_us: int
+    # Replicas are simulated GPU replicas (KWOK pods, each answered by a host stand-in).
+    simulated: bool = False
 
     @property
     def created_at(self) -> datetime | None:
@@ -49,7 +51,7 @@ class Endpoint:
     def from_pb(cls, m: common_pb2.Endpoint) -> Endpoint:
         return cls(m.endpoint_id, m.tenant, m.spec.name, m.spec.model, m.spec.flavor,
                    m.spec.min_replicas, m.spec.max_replicas, m.replicas, m.ready_replicas,
-                   m.reason, m.created_us)
+                   m.reason, m.created_us, m.simulated)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +66,13 @@ class InferResult:
     queue_ms: float
     truncated: list[int]
     max_input_tokens: int
+    # Served by a host stand-in for a simulated (KWOK) GPU replica.
+    simulated: bool = False
 
     @classmethod
     def from_pb(cls, m: gateway_pb2.InferResponse) -> InferResult:
         return cls([list(e.values) for e in m.embeddings], m.model, m.replica, m.latency_ms,
-                   m.queue_ms, list(m.truncated), m.max_input_tokens)
+                   m.queue_ms, list(m.truncated), m.max_input_tokens, m.simulated)
 
 
 def create_endpoint_request(name: str, *, min_replicas: int = 0, max_replicas: int = 1,

@@ -242,7 +242,11 @@ class Client:
 
     def create_endpoint(self, name: str, *, min_replicas: int = 0, max_replicas: int = 1,
                         flavor: str = "", model: str = "") -> Endpoint:
-        """A new endpoint of the caller's tenant. Its replicas are host processes for now
+        """A new endpoint of the caller's tenant. With a cluster, its first replicas
+        (min_replicas, at least one) start at once, each reserving its cost for the
+        endpoint's horizon (FailedPrecondition when the budget cannot hold them): on
+        flavor `cpu` a pod on the real kubelet, on a GPU flavor a simulated KWOK pod
+        answered by a host stand-in. Without one, replicas are host processes
         (`KESTREL_WORKER_ENDPOINT=<endpoint_id> python -m services.worker`)."""
         resp = self._call(self._stub.CreateEndpoint, create_endpoint_request(
             name, min_replicas=min_replicas, max_replicas=max_replicas, flavor=flavor,

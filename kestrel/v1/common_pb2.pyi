@@ -384,12 +384,17 @@ class Endpoint(_message.Message):
     READY_REPLICAS_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     CREATED_US_FIELD_NUMBER: _builtins.int
+    SIMULATED_FIELD_NUMBER: _builtins.int
     endpoint_id: _builtins.str
     tenant: _builtins.str
     replicas: _builtins.int
     ready_replicas: _builtins.int
     reason: _builtins.str
     created_us: _builtins.int
+    simulated: _builtins.bool
+    """Its replicas are simulated GPU replicas (KWOK pods on a GPU flavor, each answered
+    by a host process standing in for it); false on the CPU pool (a real kubelet).
+    """
     @_builtins.property
     def spec(self) -> Global___EndpointSpec: ...
     def __init__(
@@ -402,10 +407,11 @@ class Endpoint(_message.Message):
         ready_replicas: _builtins.int = ...,
         reason: _builtins.str = ...,
         created_us: _builtins.int = ...,
+        simulated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_us", b"created_us", "endpoint_id", b"endpoint_id", "ready_replicas", b"ready_replicas", "reason", b"reason", "replicas", b"replicas", "spec", b"spec", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_us", b"created_us", "endpoint_id", b"endpoint_id", "ready_replicas", b"ready_replicas", "reason", b"reason", "replicas", b"replicas", "simulated", b"simulated", "spec", b"spec", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1126,6 +1126,7 @@ class InferResponse(_message.Message):
     TRUNCATED_FIELD_NUMBER: _builtins.int
     MAX_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     QUEUE_MS_FIELD_NUMBER: _builtins.int
+    SIMULATED_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     latency_ms: _builtins.float
     """Server-side latency of the batch that served this request."""
@@ -1134,6 +1135,10 @@ class InferResponse(_message.Message):
     max_input_tokens: _builtins.int
     queue_ms: _builtins.float
     """Time the request waited in the endpoint's queue before its batch started."""
+    simulated: _builtins.bool
+    """True when the replica is a simulated GPU replica (a KWOK pod; a host process
+    stands in for it and computes the vectors on the CPU).
+    """
     @_builtins.property
     def embeddings(self) -> _containers.RepeatedCompositeFieldContainer[Global___Embedding]: ...
     @_builtins.property
@@ -1150,10 +1155,11 @@ class InferResponse(_message.Message):
         truncated: _abc.Iterable[_builtins.int] | None = ...,
         max_input_tokens: _builtins.int = ...,
         queue_ms: _builtins.float = ...,
+        simulated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["embeddings", b"embeddings", "latency_ms", b"latency_ms", "max_input_tokens", b"max_input_tokens", "model", b"model", "queue_ms", b"queue_ms", "replica", b"replica", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["embeddings", b"embeddings", "latency_ms", b"latency_ms", "max_input_tokens", b"max_input_tokens", "model", b"model", "queue_ms", b"queue_ms", "replica", b"replica", "simulated", b"simulated", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

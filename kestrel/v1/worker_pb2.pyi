@@ -83,6 +83,7 @@ class WorkerReply(_message.Message):
     TRUNCATED_FIELD_NUMBER: _builtins.int
     MAX_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     QUEUE_MS_FIELD_NUMBER: _builtins.int
+    SIMULATED_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     model: _builtins.str
     latency_ms: _builtins.float
@@ -91,6 +92,10 @@ class WorkerReply(_message.Message):
     """Non-empty when the worker could not serve the request."""
     max_input_tokens: _builtins.int
     queue_ms: _builtins.float
+    simulated: _builtins.bool
+    """Served by a host process standing in for a simulated (KWOK) GPU replica: the
+    vectors are real, the GPU is not.
+    """
     @_builtins.property
     def embeddings(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerEmbedding]: ...
     @_builtins.property
@@ -109,10 +114,11 @@ class WorkerReply(_message.Message):
         truncated: _abc.Iterable[_builtins.int] | None = ...,
         max_input_tokens: _builtins.int = ...,
         queue_ms: _builtins.float = ...,
+        simulated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["embeddings", b"embeddings", "error", b"error", "latency_ms", b"latency_ms", "max_input_tokens", b"max_input_tokens", "model", b"model", "queue_ms", b"queue_ms", "replica", b"replica", "request_id", b"request_id", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["embeddings", b"embeddings", "error", b"error", "latency_ms", b"latency_ms", "max_input_tokens", b"max_input_tokens", "model", b"model", "queue_ms", b"queue_ms", "replica", b"replica", "request_id", b"request_id", "simulated", b"simulated", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -154,6 +160,7 @@ class WorkerHeartbeat(_message.Message):
     BATCHES_FIELD_NUMBER: _builtins.int
     EXPIRED_FIELD_NUMBER: _builtins.int
     MEAN_BATCH_SIZE_FIELD_NUMBER: _builtins.int
+    SIMULATED_FIELD_NUMBER: _builtins.int
     replica: _builtins.str
     endpoint_id: _builtins.str
     time_us: _builtins.int
@@ -165,6 +172,8 @@ class WorkerHeartbeat(_message.Message):
     """Batches run, requests skipped because their deadline had passed."""
     expired: _builtins.int
     mean_batch_size: _builtins.float
+    simulated: _builtins.bool
+    """A host stand-in for a simulated (KWOK) GPU replica."""
     def __init__(
         self,
         *,
@@ -178,10 +187,11 @@ class WorkerHeartbeat(_message.Message):
         batches: _builtins.int = ...,
         expired: _builtins.int = ...,
         mean_batch_size: _builtins.float = ...,
+        simulated: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "batches", b"batches", "endpoint_id", b"endpoint_id", "expired", b"expired", "mean_batch_size", b"mean_batch_size", "p95_ms", b"p95_ms", "replica", b"replica", "served", b"served", "tenant", b"tenant", "time_us", b"time_us"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "batches", b"batches", "endpoint_id", b"endpoint_id", "expired", b"expired", "mean_batch_size", b"mean_batch_size", "p95_ms", b"p95_ms", "replica", b"replica", "served", b"served", "simulated", b"simulated", "tenant", b"tenant", "time_us", b"time_us"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

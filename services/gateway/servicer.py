@@ -51,6 +51,7 @@ from kestrel.v1 import (
     placer_pb2,
     placer_pb2_grpc,
 )
+from kestrel.workloads import simulated_flavor
 from services.gateway import auth
 from services.gateway.endpoint_checks import (
     check_endpoint_id,
@@ -526,7 +527,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return common_pb2.Endpoint(endpoint_id=row.endpoint_id, tenant=row.tenant,
                                    spec=row.spec, replicas=max(placed, ready),
                                    ready_replicas=ready, reason=reason,
-                                   created_us=row.created_us)
+                                   created_us=row.created_us,
+                                   simulated=self.placer is not None
+                                   and simulated_flavor(row.spec.flavor))
 
     async def CreateEndpoint(self, request: gateway_pb2.CreateEndpointRequest,
                              context: Ctx) -> gateway_pb2.CreateEndpointResponse:
@@ -637,4 +640,4 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             embeddings=[gateway_pb2.Embedding(values=e.values) for e in reply.embeddings],
             model=reply.model, latency_ms=reply.latency_ms, replica=reply.replica,
             truncated=reply.truncated, max_input_tokens=reply.max_input_tokens,
-            queue_ms=reply.queue_ms)
+            queue_ms=reply.queue_ms, simulated=reply.simulated)

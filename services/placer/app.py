@@ -24,6 +24,7 @@ from services.placer.domain import DEFAULT_SHORT_BP
 from services.placer.kube import KINDS, Kube, Watcher
 from services.placer.lifecycle import Derived
 from services.placer.servicer import PlacerServicer
+from services.placer.standins import StandIns
 from services.placer.store import PlacerStore
 from services.placer.wire import event_to_wire
 
@@ -59,7 +60,8 @@ class PlacerConfig:
                 short_bp=env_int("KESTREL_PLACER_SHORT_BP", DEFAULT_SHORT_BP),
                 worker_image=env_str("KESTREL_WORKER_IMAGE", ""),
                 worker_redis_url=env_str("KESTREL_WORKER_REDIS_URL",
-                                         Endpoints.from_env("placer").redis_url)),
+                                         Endpoints.from_env("placer").redis_url),
+                gpu_standins=env_str("KESTREL_PLACER_GPU_STANDINS", "1") == "1"),
             refresh_s=float(env_int("KESTREL_PLACER_REFRESH_S", 10)),
             kube_threads=env_int("KESTREL_PLACER_KUBE_THREADS", 32),
             ack_wait_s=env_int("KESTREL_PLACER_ACK_WAIT_S", ACK_WAIT_S),
@@ -90,6 +92,8 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
                           event_to_wire(event), event.event_id)
 
     placer = Placer(kube, store, publish, config.settings)
+    if config.settings.gpu_standins:
+        placer.standins = StandIns(config.settings.worker_redis_url)
     placer.on_published = lambda e: published.labels(e.type.word).inc()
     await bus.retry_forever("admission check", placer.ensure_admission_check)
     await bus.retry_forever("prices", placer.refresh)
@@ -112,6 +116,8 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
                            return_when=asyncio.FIRST_COMPLETED)
     if stop.is_set():
         halt.set()
+        if placer.standins is not None:
+            await placer.standins.stop_all()
         for t in tasks:
             t.cancel()
         await nc.close()
@@ -142,3 +148,5 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
         stop.set()
         halt.set()
         await drain(server, tasks, task_timeout_s=10, http=http, nc=nc, pool=pool)
+        if placer.standins is not None:
+            await placer.standins.stop_all()

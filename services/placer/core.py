@@ -43,6 +43,7 @@ from services.placer.lifecycle import (
     open_allocation,
     owner_job,
 )
+from services.placer.standins import StandIns, wanted
 from services.placer.store import PlacerStore, TenantQuota
 
 log = logging.getLogger("kestrel.placer")
@@ -60,6 +61,8 @@ class PlacerSettings:
     # the image the real kubelet node imported) and the Redis it serves requests from.
     worker_image: str = ""
     worker_redis_url: str = "redis://127.0.0.1:6379/0"
+    # Run a host worker in place of each running simulated (KWOK) GPU replica.
+    gpu_standins: bool = True
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,8 @@ class Placer:
         self.queue: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue()
         self.synced = asyncio.Event()
         self._listed: set[str] = set()
+        # Host processes answering for simulated GPU replicas (None: not run here).
+        self.standins: StandIns | None = None
         self.on_published: Callable[[Derived], None] = lambda e: None
         self.on_relist: Callable[[str], None] = lambda kind: None
 
@@ -363,6 +368,8 @@ class Placer:
         observed = Observed(view.job, view.workload, tuple(view.pods.values()),
                             view.workload_deleted, view.gone_us)
         await self._publish_new(view, derive(observed))
+        if self.standins is not None:
+            await self.standins.set(key[1], wanted(view.pods.values()))
         if view.empty and self.views.get(key) is view:
             self.views.pop(key, None)  # gone from Kubernetes; every event is out
 

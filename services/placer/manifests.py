@@ -126,6 +126,9 @@ class Worker:
     redis_url: str
 
 
+# How long KWOK keeps a simulated GPU replica's pod Running: ten years, i.e. until the
+# replica is deleted (a Go duration, well inside its int64 nanoseconds).
+REPLICA_RUN = "87600h"
 # What a worker pod asks for besides its cores (the model and onnxruntime's arenas).
 WORKER_MEMORY = "1Gi"
 
@@ -217,7 +220,11 @@ def job(plan: JobPlan) -> dict[str, Any]:
     }
     if plan.worker is not None:  # a simulated GPU replica: runs until it is deleted
         del body["spec"]["activeDeadlineSeconds"]
-        del body["spec"]["template"]["metadata"]["annotations"][KWOK_DURATION_ANNOTATION]
+        # KWOK's pod-complete stage ends every Job's pod after this delay, 1 s when the
+        # annotation is absent (cluster/manifests/kwok-stages.yaml): a replica's is
+        # longer than any endpoint lives.
+        body["spec"]["template"]["metadata"]["annotations"][KWOK_DURATION_ANNOTATION] = \
+            REPLICA_RUN
     return body
 
 

@@ -1,8 +1,10 @@
 """Wiring of one model worker replica: model, Redis, gRPC health, /metrics, heartbeats.
 
-Replicas are host processes for now (started by tests, `make bench-infer` or an
-operator with KESTREL_WORKER_ENDPOINT=<endpoint id>); Kubernetes placement of
-replicas on the CPU pool comes with the placement work of the endpoints issue.
+With a cluster, the placer runs each replica: a pod of the Kestrel image on the CPU
+pool's real kubelet, or, for a simulated (KWOK) GPU replica, a host process standing
+in for its pod (KESTREL_WORKER_SIMULATED=1, said in every reply and heartbeat).
+Without one, replicas are host processes started by tests, `make bench-infer` or an
+operator with KESTREL_WORKER_ENDPOINT=<endpoint id>.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class WorkerConfig:
     starve_ms: float
     claim_idle_ms: int
     heartbeat_s: float
+    simulated: bool = False
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -68,7 +71,8 @@ class WorkerConfig:
                    env_float("KESTREL_WORKER_MAX_WAIT_MS", 5.0),
                    env_float("KESTREL_WORKER_STARVE_MS", 250.0),
                    env_int("KESTREL_WORKER_CLAIM_IDLE_MS", 2000),
-                   env_float("KESTREL_WORKER_HEARTBEAT_S", 1.0))
+                   env_float("KESTREL_WORKER_HEARTBEAT_S", 1.0),
+                   env_str("KESTREL_WORKER_SIMULATED", "0") == "1")
 
 
 async def run(config: WorkerConfig, stop: asyncio.Event) -> None:
@@ -82,7 +86,7 @@ async def run(config: WorkerConfig, stop: asyncio.Event) -> None:
         config.tenant, config.endpoint_id, config.replica,
         BatchPolicy(config.max_batch, int(config.max_wait_ms * 1000),
                     int(config.starve_ms * 1000)),
-        config.claim_idle_ms, config.heartbeat_s)
+        config.claim_idle_ms, config.heartbeat_s, config.simulated)
     replica = Replica(redis, settings, embedder.embed, metrics)
     await replica.ensure_groups()
     await replica.beat()

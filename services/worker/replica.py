@@ -43,6 +43,9 @@ class ReplicaSettings:
     policy: BatchPolicy
     claim_idle_ms: int = 2_000
     heartbeat_s: float = 1.0
+    # A host process standing in for a simulated (KWOK) GPU replica: says so in every
+    # reply and heartbeat.
+    simulated: bool = False
 
 
 @dataclass
@@ -156,7 +159,7 @@ class Replica:
             reply = worker_pb2.WorkerReply(
                 request_id=q.payload.request_id, model=ep.MODEL_NAME, latency_ms=took * 1e3,
                 replica=self.s.replica, error=error, max_input_tokens=ep.MAX_INPUT_TOKENS,
-                queue_ms=max(0, started - q.enqueued_us) / 1e3)
+                queue_ms=max(0, started - q.enqueued_us) / 1e3, simulated=self.s.simulated)
             if out is not None:
                 reply.embeddings.extend(worker_pb2.WorkerEmbedding(values=v.tolist())
                                         for v in out.vectors[at:at + n])
@@ -234,7 +237,8 @@ class Replica:
             time_us=self.clock(), batch_size=st.last_batch,
             p95_ms=lat[min(len(lat) - 1, int(0.95 * len(lat)))], served=st.served,
             batches=st.batches, expired=st.expired,
-            mean_batch_size=st.texts / st.batches if st.batches else 0.0)
+            mean_batch_size=st.texts / st.batches if st.batches else 0.0,
+            simulated=self.s.simulated)
 
     async def beat(self) -> None:
         await self.redis.hset(ep.replicas_key(self.s.endpoint_id), self.s.replica,

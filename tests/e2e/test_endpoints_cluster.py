@@ -160,3 +160,43 @@ async def test_creating_an_endpoint_the_budget_cannot_hold_keeps_nothing(loop: L
         return True if not jobs and runway.reserved == 0 else None
     await until("no Job and no hold left", nothing_kept, timeout_s=30)
     await client.close()
+
+
+async def test_a_gpu_endpoint_answers_from_a_host_stand_in_and_says_it_is_simulated(
+        loop: Loop) -> None:
+    """A GPU replica is a KWOK pod (Kueue admits it on GPU quota, the meter counts its
+    GPU-seconds); the placer runs the worker on the host in its place while it runs."""
+    import redis.asyncio as aioredis
+
+    from kestrel import endpoints as ep
+
+    client = await loop.tenant("10")
+    tenant = loop.tenants[-1]
+    created = await client.create_endpoint("embed-gpu", min_replicas=1, flavor="gpu-a10")
+    assert created.simulated and created.flavor == "gpu-a10"
+    await until("a ready stand-in", ready(client, created.endpoint_id, 1), timeout_s=120)
+    [pod] = pods(tenant, created.endpoint_id)
+    node = kc.kubectl("get", "node", pod["spec"]["nodeName"], "-o",
+                      "jsonpath={.metadata.annotations.kwok\\.x-k8s\\.io/node}",
+                      check=True).stdout
+    assert node == "fake"  # a KWOK node: the GPU is simulated
+
+    got = await client.infer(created.endpoint_id, [FOOD, BREAD, BABY])
+    assert got.simulated and got.replica == pod["metadata"]["labels"]["kestrel.dev/job-id"]
+    assert cos(got.embeddings[0], got.embeddings[1]) > cos(got.embeddings[0], got.embeddings[2])
+    job_id = got.replica
+    assert (await client.get_job(job_id)).spec.flavor == "gpu-a10"
+
+    assert await client.delete_endpoint(created.endpoint_id)
+    closed = await until("the allocation closed", lambda: allocation(loop.dsn, job_id))
+    ev = await events(loop.dsn, job_id)
+    assert closed[2] == ev[7] and closed[1] == ev[7] - ev[1]  # 1 GPU, admission to cancel
+    r = aioredis.Redis.from_url(loop.env["KESTREL_REDIS_URL"])
+
+    async def left() -> bool | None:  # the stand-in stopped and left the replica set
+        return True if not await r.hlen(ep.replicas_key(created.endpoint_id)) else None
+    try:
+        await until("the stand-in gone", left, timeout_s=30)
+    finally:
+        await r.aclose()
+    await client.close()

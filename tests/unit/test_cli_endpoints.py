@@ -55,11 +55,12 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
 
 
 def test_create_list_delete_pass_through(fake: FakeClient) -> None:
-    r = runner.invoke(app, ["endpoints", "create", "embed", "--max-replicas", "2"])
+    r = runner.invoke(app, ["endpoints", "create", "embed", "--max-replicas", "2",
+                            "--flavor", "cpu"])
     assert r.exit_code == 0, r.output
     assert "ep-0123456789abcdef" in r.output
     assert fake.calls[0] == ("create_endpoint", ("embed",),
-                             {"min_replicas": 0, "max_replicas": 2})
+                             {"min_replicas": 0, "max_replicas": 2, "flavor": "cpu"})
     r = runner.invoke(app, ["endpoints", "list", "-o", "json"])
     assert json.loads(r.output)[0]["endpoint_id"] == EP.endpoint_id
     r = runner.invoke(app, ["endpoints", "delete", EP.endpoint_id])

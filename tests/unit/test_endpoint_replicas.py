@@ -92,3 +92,19 @@ def test_kueues_assignment_on_the_cpu_pool_counts_cores(usage: dict[str, str], u
     wl = {"status": {"admission": {"podSetAssignments": [
         {"flavors": {"cpu": CPU_FLAVOR, "memory": CPU_FLAVOR}, "resourceUsage": usage}]}}}
     assert lifecycle.assignment(wl) == (CPU_FLAVOR, units)
+
+
+def test_a_gpu_replica_is_a_kwok_pod_that_keeps_running_until_it_is_deleted() -> None:
+    """Regression: with no completion delay KWOK's stage ended the pod after 1 s, so the
+    replica 'succeeded' a second after it started."""
+    plan = manifests.JobPlan("job-0123456789abcdef", "acme", "emb-r0", 1, 600, 0, "gpu-a10",
+                             "by runway", {}, manifests.Worker(
+                                 "ep-0123456789abcdef", "kestrel.dev/kestrel:abc",
+                                 "redis://127.0.0.1:6379/0"))
+    spec = manifests.job(plan)["spec"]
+    assert "activeDeadlineSeconds" not in spec
+    template = spec["template"]
+    assert template["metadata"]["annotations"][manifests.KWOK_DURATION_ANNOTATION] == "87600h"
+    assert template["metadata"]["labels"]["kestrel.dev/endpoint"] == "ep-0123456789abcdef"
+    (c,) = template["spec"]["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"

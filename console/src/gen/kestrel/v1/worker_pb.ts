@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file kestrel/v1/worker.proto.
  */
 export const file_kestrel_v1_worker: GenFile = /*@__PURE__*/
-  fileDesc("ChdrZXN0cmVsL3YxL3dvcmtlci5wcm90bxIKa2VzdHJlbC52MSKmAQoNV29ya2VyUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEhMKC2VuZHBvaW50X2lkGAIgASgJEg4KBmlucHV0cxgDIAMoCRIQCghyZXBseV90bxgEIAEoCRITCgtlbnF1ZXVlZF91cxgFIAEoAxITCgtkZWFkbGluZV91cxgGIAEoAxIOCgZ0ZW5hbnQYByABKAkSEAoIcHJpb3JpdHkYCCABKAUi1AEKC1dvcmtlclJlcGx5EhIKCnJlcXVlc3RfaWQYASABKAkSLwoKZW1iZWRkaW5ncxgCIAMoCzIbLmtlc3RyZWwudjEuV29ya2VyRW1iZWRkaW5nEg0KBW1vZGVsGAMgASgJEhIKCmxhdGVuY3lfbXMYBCABKAESDwoHcmVwbGljYRgFIAEoCRINCgVlcnJvchgGIAEoCRIRCgl0cnVuY2F0ZWQYByADKAUSGAoQbWF4X2lucHV0X3Rva2VucxgIIAEoBRIQCghxdWV1ZV9tcxgJIAEoASIhCg9Xb3JrZXJFbWJlZGRpbmcSDgoGdmFsdWVzGAEgAygCIscBCg9Xb3JrZXJIZWFydGJlYXQSDwoHcmVwbGljYRgBIAEoCRITCgtlbmRwb2ludF9pZBgCIAEoCRIPCgd0aW1lX3VzGAMgASgDEhIKCmJhdGNoX3NpemUYBCABKAUSDgoGcDk1X21zGAUgASgBEg4KBnNlcnZlZBgGIAEoAxIOCgZ0ZW5hbnQYByABKAkSDwoHYmF0Y2hlcxgIIAEoAxIPCgdleHBpcmVkGAkgASgDEhcKD21lYW5fYmF0Y2hfc2l6ZRgKIAEoAWIGcHJvdG8z");
+  fileDesc("ChdrZXN0cmVsL3YxL3dvcmtlci5wcm90bxIKa2VzdHJlbC52MSKmAQoNV29ya2VyUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEhMKC2VuZHBvaW50X2lkGAIgASgJEg4KBmlucHV0cxgDIAMoCRIQCghyZXBseV90bxgEIAEoCRITCgtlbnF1ZXVlZF91cxgFIAEoAxITCgtkZWFkbGluZV91cxgGIAEoAxIOCgZ0ZW5hbnQYByABKAkSEAoIcHJpb3JpdHkYCCABKAUi5wEKC1dvcmtlclJlcGx5EhIKCnJlcXVlc3RfaWQYASABKAkSLwoKZW1iZWRkaW5ncxgCIAMoCzIbLmtlc3RyZWwudjEuV29ya2VyRW1iZWRkaW5nEg0KBW1vZGVsGAMgASgJEhIKCmxhdGVuY3lfbXMYBCABKAESDwoHcmVwbGljYRgFIAEoCRINCgVlcnJvchgGIAEoCRIRCgl0cnVuY2F0ZWQYByADKAUSGAoQbWF4X2lucHV0X3Rva2VucxgIIAEoBRIQCghxdWV1ZV9tcxgJIAEoARIRCglzaW11bGF0ZWQYCiABKAgiIQoPV29ya2VyRW1iZWRkaW5nEg4KBnZhbHVlcxgBIAMoAiLaAQoPV29ya2VySGVhcnRiZWF0Eg8KB3JlcGxpY2EYASABKAkSEwoLZW5kcG9pbnRfaWQYAiABKAkSDwoHdGltZV91cxgDIAEoAxISCgpiYXRjaF9zaXplGAQgASgFEg4KBnA5NV9tcxgFIAEoARIOCgZzZXJ2ZWQYBiABKAMSDgoGdGVuYW50GAcgASgJEg8KB2JhdGNoZXMYCCABKAMSDwoHZXhwaXJlZBgJIAEoAxIXCg9tZWFuX2JhdGNoX3NpemUYCiABKAESEQoJc2ltdWxhdGVkGAsgASgIYgZwcm90bzM");
 
 /**
  * Stream `kestrel:ep:<endpoint_id>:requests:<low|normal|high>`, consumer group `workers`
@@ -127,6 +127,14 @@ export type WorkerReply = Message<"kestrel.v1.WorkerReply"> & {
    * @generated from field: double queue_ms = 9;
    */
   queueMs: number;
+
+  /**
+   * Served by a host process standing in for a simulated (KWOK) GPU replica: the
+   * vectors are real, the GPU is not.
+   *
+   * @generated from field: bool simulated = 10;
+   */
+  simulated: boolean;
 };
 
 /**
@@ -210,6 +218,13 @@ export type WorkerHeartbeat = Message<"kestrel.v1.WorkerHeartbeat"> & {
    * @generated from field: double mean_batch_size = 10;
    */
   meanBatchSize: number;
+
+  /**
+   * A host stand-in for a simulated (KWOK) GPU replica.
+   *
+   * @generated from field: bool simulated = 11;
+   */
+  simulated: boolean;
 };
 
 /**
