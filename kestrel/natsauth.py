@@ -82,6 +82,8 @@ GRANTS: Mapping[str, Grants] = {
                        (("KESTREL_RUNWAY", ""), ("KESTREL_JOBS", "placer"))),
     "meter": _service("meter", ("kestrel.runway.>",), ("kestrel.jobs.state.>",),
                       (("KESTREL_WORKLOADS", "meter"),)),
+    "autoscaler": _service("autoscaler", ("kestrel.endpoint.>",), (),
+                           (("KESTREL_RUNWAY", ""),)),
     TAP: Grants(publish=(), subscribe=("kestrel.>", f"{inbox_prefix(TAP)}.>")),
     ADMIN: Grants(publish=(">",), subscribe=(">",)),
 }

@@ -1062,6 +1062,125 @@ class GatewayDeleteEndpointResponse(_message.Message):
 Global___GatewayDeleteEndpointResponse: _TypeAlias = GatewayDeleteEndpointResponse  # noqa: Y015
 
 @_typing.final
+class ListAllEndpointsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    page_token: _builtins.str
+    tenant: _builtins.str
+    """Only this tenant's (empty: every tenant's)."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAllEndpointsRequest: _TypeAlias = ListAllEndpointsRequest  # noqa: Y015
+
+@_typing.final
+class ListAllEndpointsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def endpoints(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Endpoint]: ...
+    def __init__(
+        self,
+        *,
+        endpoints: _abc.Iterable[_common_pb2.Endpoint] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoints", b"endpoints", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAllEndpointsResponse: _TypeAlias = ListAllEndpointsResponse  # noqa: Y015
+
+@_typing.final
+class GatewayScaleEndpointRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    ENDPOINT_ID_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    endpoint_id: _builtins.str
+    replicas: _builtins.int
+    """The replica count wanted, 0..max_replicas."""
+    reason: _builtins.str
+    """Why (an autoscaler reason such as scale_up or runway_exhausted): recorded on the
+    replicas it stops.
+    """
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        endpoint_id: _builtins.str = ...,
+        replicas: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "reason", b"reason", "replicas", b"replicas", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GatewayScaleEndpointRequest: _TypeAlias = GatewayScaleEndpointRequest  # noqa: Y015
+
+@_typing.final
+class GatewayScaleEndpointResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    STARTED_FIELD_NUMBER: _builtins.int
+    STOPPED_FIELD_NUMBER: _builtins.int
+    REFUSAL_FIELD_NUMBER: _builtins.int
+    refusal: _builtins.str
+    """Why fewer replicas than asked were started (admission's words: the budget
+    cannot hold another for the horizon); empty when all were.
+    """
+    @_builtins.property
+    def endpoint(self) -> _common_pb2.Endpoint:
+        """The endpoint after the change."""
+
+    @_builtins.property
+    def started(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Replica job ids started and stopped by this call."""
+
+    @_builtins.property
+    def stopped(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        endpoint: _common_pb2.Endpoint | None = ...,
+        started: _abc.Iterable[_builtins.str] | None = ...,
+        stopped: _abc.Iterable[_builtins.str] | None = ...,
+        refusal: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "refusal", b"refusal", "started", b"started", "stopped", b"stopped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GatewayScaleEndpointResponse: _TypeAlias = GatewayScaleEndpointResponse  # noqa: Y015
+
+@_typing.final
 class InferRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -141,6 +141,16 @@ class GatewayStub:
                 request_serializer=kestrel_dot_v1_dot_gateway__pb2.InferRequest.SerializeToString,
                 response_deserializer=kestrel_dot_v1_dot_gateway__pb2.InferResponse.FromString,
                 _registered_method=True)
+        self.ListAllEndpoints = channel.unary_unary(
+                '/kestrel.v1.Gateway/ListAllEndpoints',
+                request_serializer=kestrel_dot_v1_dot_gateway__pb2.ListAllEndpointsRequest.SerializeToString,
+                response_deserializer=kestrel_dot_v1_dot_gateway__pb2.ListAllEndpointsResponse.FromString,
+                _registered_method=True)
+        self.ScaleEndpoint = channel.unary_unary(
+                '/kestrel.v1.Gateway/ScaleEndpoint',
+                request_serializer=kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointRequest.SerializeToString,
+                response_deserializer=kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -282,6 +292,23 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAllEndpoints(self, request, context):
+        """Operator: every live endpoint, across tenants (the autoscaler's and the console's
+        view), with the replicas that have not ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScaleEndpoint(self, request, context):
+        """Operator: set an endpoint's replica count. The autoscaler's one write path: each
+        new replica is admitted against the budget (rolling hold) and placed like a job;
+        surplus ones are cancelled, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -389,6 +416,16 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.Infer,
                     request_deserializer=kestrel_dot_v1_dot_gateway__pb2.InferRequest.FromString,
                     response_serializer=kestrel_dot_v1_dot_gateway__pb2.InferResponse.SerializeToString,
+            ),
+            'ListAllEndpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAllEndpoints,
+                    request_deserializer=kestrel_dot_v1_dot_gateway__pb2.ListAllEndpointsRequest.FromString,
+                    response_serializer=kestrel_dot_v1_dot_gateway__pb2.ListAllEndpointsResponse.SerializeToString,
+            ),
+            'ScaleEndpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScaleEndpoint,
+                    request_deserializer=kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointRequest.FromString,
+                    response_serializer=kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -960,6 +997,60 @@ class Gateway:
             '/kestrel.v1.Gateway/Infer',
             kestrel_dot_v1_dot_gateway__pb2.InferRequest.SerializeToString,
             kestrel_dot_v1_dot_gateway__pb2.InferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAllEndpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kestrel.v1.Gateway/ListAllEndpoints',
+            kestrel_dot_v1_dot_gateway__pb2.ListAllEndpointsRequest.SerializeToString,
+            kestrel_dot_v1_dot_gateway__pb2.ListAllEndpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScaleEndpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kestrel.v1.Gateway/ScaleEndpoint',
+            kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointRequest.SerializeToString,
+            kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

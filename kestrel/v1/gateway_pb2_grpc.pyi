@@ -64,6 +64,15 @@ class GatewayStub:
     DeleteEndpoint: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GatewayDeleteEndpointRequest, _gateway_pb2.GatewayDeleteEndpointResponse]
     Infer: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.InferRequest, _gateway_pb2.InferResponse]
     """Synchronous inference on an endpoint (embeddings)."""
+    ListAllEndpoints: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListAllEndpointsRequest, _gateway_pb2.ListAllEndpointsResponse]
+    """Operator: every live endpoint, across tenants (the autoscaler's and the console's
+    view), with the replicas that have not ended.
+    """
+    ScaleEndpoint: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GatewayScaleEndpointRequest, _gateway_pb2.GatewayScaleEndpointResponse]
+    """Operator: set an endpoint's replica count. The autoscaler's one write path: each
+    new replica is admitted against the budget (rolling hold) and placed like a job;
+    surplus ones are cancelled, newest first.
+    """
 
 @_typing.type_check_only
 class GatewayAsyncStub(GatewayStub):
@@ -101,6 +110,15 @@ class GatewayAsyncStub(GatewayStub):
     DeleteEndpoint: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GatewayDeleteEndpointRequest, _gateway_pb2.GatewayDeleteEndpointResponse]  # type: ignore[assignment]
     Infer: _aio.UnaryUnaryMultiCallable[_gateway_pb2.InferRequest, _gateway_pb2.InferResponse]  # type: ignore[assignment]
     """Synchronous inference on an endpoint (embeddings)."""
+    ListAllEndpoints: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListAllEndpointsRequest, _gateway_pb2.ListAllEndpointsResponse]  # type: ignore[assignment]
+    """Operator: every live endpoint, across tenants (the autoscaler's and the console's
+    view), with the replicas that have not ended.
+    """
+    ScaleEndpoint: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GatewayScaleEndpointRequest, _gateway_pb2.GatewayScaleEndpointResponse]  # type: ignore[assignment]
+    """Operator: set an endpoint's replica count. The autoscaler's one write path: each
+    new replica is admitted against the budget (rolling hold) and placed like a job;
+    surplus ones are cancelled, newest first.
+    """
 
 class GatewayServicer(metaclass=_abc_1.ABCMeta):
     """The public API. Tenants authenticate with `authorization: Bearer <api key>`,
@@ -261,5 +279,26 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.InferResponse, _abc.Awaitable[_gateway_pb2.InferResponse]]:
         """Synchronous inference on an endpoint (embeddings)."""
+
+    @_abc_1.abstractmethod
+    def ListAllEndpoints(
+        self,
+        request: _gateway_pb2.ListAllEndpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListAllEndpointsResponse, _abc.Awaitable[_gateway_pb2.ListAllEndpointsResponse]]:
+        """Operator: every live endpoint, across tenants (the autoscaler's and the console's
+        view), with the replicas that have not ended.
+        """
+
+    @_abc_1.abstractmethod
+    def ScaleEndpoint(
+        self,
+        request: _gateway_pb2.GatewayScaleEndpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.GatewayScaleEndpointResponse, _abc.Awaitable[_gateway_pb2.GatewayScaleEndpointResponse]]:
+        """Operator: set an endpoint's replica count. The autoscaler's one write path: each
+        new replica is admitted against the budget (rolling hold) and placed like a job;
+        surplus ones are cancelled, newest first.
+        """
 
 def add_GatewayServicer_to_server(servicer: GatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -58,6 +58,13 @@ class EndpointStore:
             ORDER BY seq LIMIT $3""", tenant, after_seq, limit)
         return [_row(r) for r in rows]
 
+    async def every_live(self, tenant: str, after_seq: int, limit: int) -> list[EndpointRow]:
+        """Live endpoints of every tenant ('') or of one, in creation order."""
+        rows = await self.pool.fetch("""
+            SELECT * FROM endpoints WHERE ($1 = '' OR tenant = $1) AND deleted_us = 0
+              AND seq > $2 ORDER BY seq LIMIT $3""", tenant, after_seq, limit)
+        return [_row(r) for r in rows]
+
     async def set_replicas(self, tenant: str, endpoint_id: str,
                            replicas: tuple[str, ...]) -> None:
         await self.pool.execute(

@@ -103,14 +103,21 @@ class ReplyHub:
 
 
 async def live_replicas(redis: aioredis.Redis, endpoint_id: str, heartbeat_s: float) -> int:
+    return len(await fresh_replicas(redis, endpoint_id, heartbeat_s))
+
+
+async def fresh_replicas(redis: aioredis.Redis, endpoint_id: str,
+                         heartbeat_s: float) -> set[str]:
+    """Names of the replicas whose heartbeat is fresh (a placed replica's is its job id)."""
     raw: Any = await redis.hgetall(ep.replicas_key(endpoint_id))
     now = now_us()
-    n = 0
+    out: set[str] = set()
     for value in raw.values():
         with contextlib.suppress(Exception):
             hb = worker_pb2.WorkerHeartbeat.FromString(value)
-            n += ep.heartbeat_fresh(hb.time_us, now, heartbeat_s)
-    return n
+            if ep.heartbeat_fresh(hb.time_us, now, heartbeat_s):
+                out.add(hb.replica)
+    return out
 
 
 async def infer(redis: aioredis.Redis, hub: ReplyHub, *, tenant: str, endpoint_id: str,
@@ -158,11 +165,11 @@ class InferBackend:
     hub: ReplyHub
     heartbeat_s: float = 1.0
 
-    async def ready_replicas(self, endpoint_id: str) -> int:
+    async def ready_replicas(self, endpoint_id: str) -> set[str]:
         try:
-            return await live_replicas(self.redis, endpoint_id, self.heartbeat_s)
+            return await fresh_replicas(self.redis, endpoint_id, self.heartbeat_s)
         except (RedisError, OSError, TimeoutError):
-            return 0
+            return set()
 
     async def infer(self, tenant: str, endpoint_id: str, inputs: list[str],
                     priority: ep.Priority, timeout_s: float) -> worker_pb2.WorkerReply:

@@ -72,13 +72,15 @@ class Replicas:
                   first_index: int, count: int, now_us: int) -> Added:
         """Ask admission for `count` replicas, stopping at the first one it does not
         admit (a held one is released at once: an endpoint never waits in the queue
-        of held jobs). Idempotent per (endpoint, index)."""
+        of held jobs). Idempotent per (endpoint, index) within one call: a replica
+        started later under the same index is a new one."""
         admitted: list[str] = []
+        nonce = uuid.uuid4().hex[:8]
         for index in range(first_index, first_index + count):
             job = common_pb2.Job(
                 job_id=f"job-{uuid.uuid4().hex[:16]}", tenant=tenant,
                 spec=replica_spec(endpoint_id, spec, index),
-                idempotency_key=f"{endpoint_id}/replica/{index}", created_us=now_us)
+                idempotency_key=f"{endpoint_id}/replica/{index}/{nonce}", created_us=now_us)
             try:
                 resp = await self.admission.Admit(admission_pb2.AdmitRequest(job=job),
                                                   timeout=10)

@@ -140,6 +140,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self._spent: dict[str, tuple[float, bool]] = {}
         self.endpoint_store = EndpointStore(store.pool)
         self._endpoint_rows: dict[tuple[str, str], tuple[float, EndpointRow | None]] = {}
+        self._scale_locks: dict[str, asyncio.Lock] = {}
         self.store = store
         self.limiter = limiter
         self.admission = admission
@@ -511,9 +512,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         return row
 
     async def _endpoint_wire(self, row: EndpointRow) -> common_pb2.Endpoint:
-        ready = await self.infer_backend.ready_replicas(row.endpoint_id) \
-            if self.infer_backend is not None else 0
-        placed = len(row.replicas)
+        fresh = await self.infer_backend.ready_replicas(row.endpoint_id) \
+            if self.infer_backend is not None else set()
+        live = await self._live_replicas(row)
+        placed = len(live)
+        # Placed replicas heartbeat under their job id: one stopped a moment ago still
+        # heartbeats for up to three intervals and is not ready. Host processes (no
+        # placer) are ready when they heartbeat.
+        ready = len(fresh & set(live)) if self.placer is not None else len(fresh)
         if ready:
             reason = ""
         elif self.placer is None:
@@ -524,12 +530,76 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         else:
             reason = (f"{placed} replica(s) placed on {row.spec.flavor}; waiting for a "
                       "worker's first heartbeat (Kueue admission, then the model load)")
+        # Placed replicas are the count; without a placer, those heartbeating.
+        replicas = placed if self.placer is not None else max(placed, ready)
         return common_pb2.Endpoint(endpoint_id=row.endpoint_id, tenant=row.tenant,
-                                   spec=row.spec, replicas=max(placed, ready),
+                                   spec=row.spec, replicas=replicas,
                                    ready_replicas=ready, reason=reason,
                                    created_us=row.created_us,
                                    simulated=self.placer is not None
                                    and simulated_flavor(row.spec.flavor))
+
+    async def _live_replicas(self, row: EndpointRow) -> tuple[str, ...]:
+        """Its replicas that have not ended (one evicted at zero budget has)."""
+        if not row.replicas or self.placer is None:
+            return row.replicas
+        ended = await self.store.ended(row.replicas)
+        return tuple(j for j in row.replicas if j not in ended)
+
+    async def ListAllEndpoints(self, request: gateway_pb2.ListAllEndpointsRequest,
+                               context: Ctx) -> gateway_pb2.ListAllEndpointsResponse:
+        self._operator(context)
+        v = Violations()
+        size = check_page(v, request.page_size)
+        query = ("all-endpoints", request.tenant)
+        after = after_int(v, request.page_token, query)
+        v.raise_if_any()
+        rows = await self.endpoint_store.every_live(request.tenant, after, size + 1)
+        token = encode_token(rows[size - 1].seq, query) if len(rows) > size else ""
+        return gateway_pb2.ListAllEndpointsResponse(
+            endpoints=[await self._endpoint_wire(r) for r in rows[:size]],
+            next_page_token=token)
+
+    async def ScaleEndpoint(self, request: gateway_pb2.GatewayScaleEndpointRequest,
+                            context: Ctx) -> gateway_pb2.GatewayScaleEndpointResponse:
+        self._operator(context)
+        v = Violations()
+        check_endpoint_id(v, request.endpoint_id)
+        if not request.tenant:
+            v.add("tenant", "is required")
+        v.raise_if_any()
+        row = await self.endpoint_store.get(request.tenant, request.endpoint_id)
+        if row is None or row.deleted_us:
+            raise NotFound(f"endpoint {request.endpoint_id} of {request.tenant!r} not found")
+        if not 0 <= request.replicas <= row.spec.max_replicas:
+            v.add("replicas", f"must be 0..{row.spec.max_replicas} (the endpoint's max)")
+            v.raise_if_any()
+        if self.placer is None:
+            raise FailedPrecondition("this gateway has no cluster: replicas are host "
+                                     "processes, started by hand")
+        lock = self._scale_locks.setdefault(row.endpoint_id, asyncio.Lock())
+        async with lock:
+            row = await self.endpoint_store.get(request.tenant, request.endpoint_id) or row
+            live = await self._live_replicas(row)
+            started: tuple[str, ...] = ()
+            stopped: tuple[str, ...] = ()
+            refusal = ""
+            if request.replicas > len(live):
+                added = await self.replicas.add(row.tenant, row.endpoint_id, row.spec,
+                                                len(live), request.replicas - len(live),
+                                                now_us())
+                started, refusal = added.job_ids, added.refusal
+            elif request.replicas < len(live):
+                stopped = live[request.replicas:]  # the newest go first
+                await self.replicas.stop(row.tenant, stopped,
+                                         f"scaled down: {request.reason or 'operator'}")
+            keep = tuple(j for j in live if j not in stopped) + started
+            await self.endpoint_store.set_replicas(row.tenant, row.endpoint_id, keep)
+            self._endpoint_rows.pop((row.tenant, row.endpoint_id), None)
+            row = replace(row, replicas=keep)
+        return gateway_pb2.GatewayScaleEndpointResponse(
+            endpoint=await self._endpoint_wire(row), started=started, stopped=stopped,
+            refusal=refusal)
 
     async def CreateEndpoint(self, request: gateway_pb2.CreateEndpointRequest,
                              context: Ctx) -> gateway_pb2.CreateEndpointResponse:
@@ -624,7 +694,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         row = await self._endpoint(tenant.tenant, request.endpoint_id, cached=True)
         if self.infer_backend is None:
             raise Unavailable("inference is not configured on this gateway", 5.0)
-        if row.replicas and await self._budget_spent(tenant.tenant):
+        if self.placer is not None and await self._budget_spent(tenant.tenant):
             raise FailedPrecondition(
                 f"tenant {tenant.tenant!r}'s budget is spent: the replicas of endpoint "
                 f"{row.endpoint_id} were stopped; top up, then create the endpoint again")

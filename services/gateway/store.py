@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncpg
 
 from kestrel.db import migrate
-from kestrel.jobs import JOB_COLS, JobRow, job_row
+from kestrel.jobs import JOB_COLS, TERMINAL, JobRow, job_row
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -112,6 +112,13 @@ class GatewayStore:
         r = await self.pool.fetchrow(
             f"SELECT {JOB_COLS} FROM jobs WHERE job_id = $1 AND tenant = $2", job_id, tenant)
         return job_row(r) if r else None
+
+    async def ended(self, job_ids: Sequence[str]) -> set[str]:
+        """Those of `job_ids` in a terminal state (an endpoint's replicas that ended)."""
+        rows = await self.pool.fetch(
+            "SELECT job_id FROM jobs WHERE job_id = ANY($1::text[]) "
+            "AND state = ANY($2::smallint[])", list(job_ids), sorted(int(s) for s in TERMINAL))
+        return {r["job_id"] for r in rows}
 
     async def jobs(self, tenant: str, states: Sequence[int], after_seq: int,
                    limit: int) -> list[JobRow]:

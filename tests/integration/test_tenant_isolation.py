@@ -51,7 +51,8 @@ OP: Md = (("authorization", f"Bearer {OPERATOR_TOKEN}"),)
 GATEWAY = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"]
 
 OPERATOR_RPCS = {"CreateTenant", "GetTenant", "ListTenants", "SuspendTenant", "UpdateTenant",
-                 "CreateApiKey", "RevokeApiKey", "TopUp", "AdjustCredits"}
+                 "CreateApiKey", "RevokeApiKey", "TopUp", "AdjustCredits", "ListAllEndpoints",
+                 "ScaleEndpoint"}
 TENANT_RPCS = {"SubmitJob", "GetJob", "ListJobs", "CancelJob", "WatchJob", "GetMyRunway",
                "ListMyUsage", "CreateEndpoint", "GetEndpoint", "ListEndpoints",
                "DeleteEndpoint", "Infer"}

@@ -1,0 +1,143 @@
+"""Wiring of the autoscaler process: gateway, meter, Redis, the runway stream,
+kestrel.v1.Autoscaler (reflection, health) and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass
+
+import grpc
+import redis.asyncio as aioredis
+from nats.js.api import DeliverPolicy
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from kestrel import bus
+from kestrel.config import Endpoints, env_float, env_int, env_str
+from kestrel.grpcserver import Server
+from kestrel.metrics import GrpcMetrics
+from kestrel.service import every, serve_metrics
+from kestrel.v1 import (
+    autoscaler_pb2,
+    autoscaler_pb2_grpc,
+    events_pb2,
+    gateway_pb2_grpc,
+    meter_pb2_grpc,
+)
+from services.autoscaler.core import Decision, Reason
+from services.autoscaler.inputs import Windows
+from services.autoscaler.loop import Autoscaler, Key
+from services.autoscaler.servicer import AutoscalerServicer
+
+log = logging.getLogger("kestrel.autoscaler")
+
+
+@dataclass(frozen=True)
+class AutoscalerConfig:
+    endpoints: Endpoints
+    host: str
+    grpc_port: int
+    metrics_port: int
+    gateway_addr: str
+    meter_addr: str
+    operator_token: str
+    interval_s: float
+    windows: Windows
+    heartbeat_s: float
+
+    @classmethod
+    def from_env(cls) -> AutoscalerConfig:
+        token = env_str("KESTREL_OPERATOR_TOKEN", "")
+        if not token:
+            raise SystemExit("KESTREL_OPERATOR_TOKEN is required: the autoscaler scales "
+                             "endpoints through the gateway's operator RPCs")
+        return cls(
+            endpoints=Endpoints.from_env("autoscaler"),
+            host=env_str("KESTREL_BIND_HOST", "127.0.0.1"),
+            grpc_port=env_int("KESTREL_AUTOSCALER_PORT", 50055),
+            metrics_port=env_int("KESTREL_AUTOSCALER_METRICS_PORT", 9155),
+            gateway_addr=env_str("KESTREL_GATEWAY_ADDR", "127.0.0.1:50051"),
+            meter_addr=env_str("KESTREL_METER_ADDR", "127.0.0.1:50053"),
+            operator_token=token,
+            interval_s=env_float("KESTREL_AUTOSCALER_INTERVAL_S", 1.0),
+            windows=Windows(
+                stable_window_s=env_float("KESTREL_AUTOSCALER_STABLE_WINDOW_S", 60.0),
+                panic_window_s=env_float("KESTREL_AUTOSCALER_PANIC_WINDOW_S", 6.0),
+                panic_threshold=env_float("KESTREL_AUTOSCALER_PANIC_THRESHOLD", 2.0),
+                scale_up_cooldown_s=env_float("KESTREL_AUTOSCALER_SCALE_UP_COOLDOWN_S", 5.0),
+                scale_down_cooldown_s=env_float("KESTREL_AUTOSCALER_SCALE_DOWN_COOLDOWN_S",
+                                                30.0),
+                replica_rps=env_float("KESTREL_AUTOSCALER_REPLICA_RPS", 45.0)),
+            heartbeat_s=env_float("KESTREL_WORKER_HEARTBEAT_S", 1.0))
+
+
+async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
+    nc = await bus.connect(config.endpoints.nats_url, "autoscaler")
+    js = nc.jetstream()
+    await bus.retry_forever("ensure streams", lambda: bus.ensure_streams(js))
+    redis = aioredis.Redis.from_url(config.endpoints.redis_url, socket_connect_timeout=5.0)
+    gw_channel = grpc.aio.insecure_channel(config.gateway_addr)
+    meter_channel = grpc.aio.insecure_channel(config.meter_addr)
+    registry = CollectorRegistry()
+    replicas = Gauge("kestrel_autoscaler_replicas", "Replicas an endpoint has (live)",
+                     ["tenant", "endpoint"], registry=registry)
+    targets = Gauge("kestrel_autoscaler_target_replicas", "The last decision's target",
+                    ["tenant", "endpoint"], registry=registry)
+    decisions = Counter("kestrel_autoscaler_decisions_total", "Decisions by reason",
+                        ["reason", "applied"], registry=registry)
+    for reason in Reason:  # every reason exists from the start (0 until it happens)
+        decisions.labels(str(reason), "false")
+
+    async def publish(msg: events_pb2.EndpointScaled) -> None:
+        await bus.publish(js, bus.subject_endpoint_scaled(msg.tenant, msg.endpoint), msg,
+                          f"scaled-{msg.endpoint}-{msg.time_us}-{uuid.uuid4().hex[:6]}")
+
+    scaler = Autoscaler(gateway_pb2_grpc.GatewayStub(gw_channel),
+                        meter_pb2_grpc.MeterStub(meter_channel), redis,
+                        config.operator_token, publish, config.windows, config.heartbeat_s)
+
+    def on_decision(key: Key, d: Decision, applied: bool) -> None:
+        replicas.labels(*key).set(d.target if applied else d.current)
+        targets.labels(*key).set(d.target)
+        decisions.labels(str(d.reason), "true" if applied else "false").inc()
+
+    scaler.on_decision = on_decision
+
+    async def on_runway(msg: object) -> None:
+        with contextlib.suppress(Exception):
+            scaler.runway_changed(events_pb2.RunwayChanged.FromString(msg.data))  # type: ignore[attr-defined]
+
+    # Last value per tenant first: every tenant's runway is known before a decision.
+    sub = await js.subscribe("kestrel.runway.>", cb=on_runway, ordered_consumer=True,
+                             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+    server = Server(config.host, config.grpc_port,
+                    [autoscaler_pb2.DESCRIPTOR.services_by_name["Autoscaler"].full_name],
+                    interceptors=[GrpcMetrics(registry)])
+    autoscaler_pb2_grpc.add_AutoscalerServicer_to_server(AutoscalerServicer(scaler),
+                                                         server.server)
+    await server.start()
+    http = serve_metrics(registry, config.host, config.metrics_port)
+    tasks = [asyncio.create_task(scaler.run(stop, config.interval_s), name="loop"),
+             asyncio.create_task(every(30.0, stop, scaler.refresh_prices,
+                                       "refreshing prices failed", log), name="prices")]
+    log.info("autoscaler serving gRPC on %s (every %.1fs; gateway %s, meter %s)",
+             server.address, config.interval_s, config.gateway_addr, config.meter_addr)
+    try:
+        await stop.wait()
+    finally:
+        stop.set()
+        await server.stop(grace_s=3)
+        for t in tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(t, timeout=10)
+        if http is not None:
+            http[0].shutdown()
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        await nc.close()
+        await redis.aclose()
+        await gw_channel.close()
+        await meter_channel.close()
+        log.info("stopped")

@@ -1,0 +1,232 @@
+"""The live loop: every interval, and at once on every runway message, read each live
+endpoint's load and its tenant's budget, decide (core.decide) and apply a change
+through the gateway's ScaleEndpoint, the one write path for replicas: each new one is
+admitted against the budget and placed on Kubernetes by the placer like any job.
+
+State kept between decisions is the autoscaler's own (windows, panic, last scale
+instants); a restarted autoscaler starts its windows afresh, which can only delay a
+scale-down (the stable window refills), never overspend: money rules every decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import grpc
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from kestrel import endpoints as ep
+from kestrel.clock import now_us
+from kestrel.v1 import (
+    autoscaler_pb2,
+    common_pb2,
+    events_pb2,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    meter_pb2,
+    meter_pb2_grpc,
+    worker_pb2,
+)
+from services.autoscaler.core import Decision, Reason, ScaleInputs, ScaleState, decide
+from services.autoscaler.inputs import StreamReading, Windows, arrival_rps, inputs_for
+
+log = logging.getLogger("kestrel.autoscaler")
+Key = tuple[str, str]  # (tenant, endpoint id)
+Publish = Callable[[events_pb2.EndpointScaled], Awaitable[None]]
+
+
+@dataclass
+class Track:
+    """What the loop keeps of one endpoint."""
+
+    state: ScaleState = field(default_factory=ScaleState)
+    streams: Mapping[ep.Priority, StreamReading] | None = None
+    read_at: float = 0.0
+    last_up: float | None = None
+    last_down: float | None = None
+    decision: Decision | None = None
+    inputs: ScaleInputs | None = None
+    decided_us: int = 0
+    applied: int = 0  # decisions that changed the replica count
+
+
+async def read_streams(redis: aioredis.Redis, endpoint_id: str
+                       ) -> dict[ep.Priority, StreamReading]:
+    out: dict[ep.Priority, StreamReading] = {}
+    for p in ep.PRIORITIES:
+        key = ep.request_stream(endpoint_id, p)
+        try:
+            info: Any = await redis.xinfo_stream(key)
+            groups: Any = await redis.xinfo_groups(key)
+        except RedisError:  # no stream yet: nothing ever asked at this priority
+            out[p] = StreamReading(0, 0, 0)
+            continue
+        pending = sum(int(g.get("pending", 0)) for g in groups
+                      if g.get("name") in (ep.GROUP, ep.GROUP.encode()))
+        out[p] = StreamReading(int(info.get("length", 0)), pending,
+                               int(info.get("entries-added", 0)))
+    return out
+
+
+async def read_p95(redis: aioredis.Redis, endpoint_id: str, heartbeat_s: float
+                   ) -> float | None:
+    """The worst p95 among the replicas heartbeating now (None: none served yet)."""
+    raw: Any = await redis.hgetall(ep.replicas_key(endpoint_id))
+    now = now_us()
+    worst: float | None = None
+    for value in raw.values():
+        try:
+            hb = worker_pb2.WorkerHeartbeat.FromString(value)
+        except Exception:
+            continue
+        if ep.heartbeat_fresh(hb.time_us, now, heartbeat_s) and hb.served:
+            worst = max(worst or 0.0, hb.p95_ms)
+    return worst
+
+
+class Autoscaler:
+    def __init__(self, gateway: gateway_pb2_grpc.GatewayStub, meter: meter_pb2_grpc.MeterStub,
+                 redis: aioredis.Redis, operator_token: str, publish: Publish,
+                 windows: Windows, heartbeat_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.gateway = gateway
+        self.meter = meter
+        self.redis = redis
+        self.md = (("authorization", f"Bearer {operator_token}"),)
+        self.publish = publish
+        self.windows = windows
+        self.heartbeat_s = heartbeat_s
+        self.clock = clock
+        self.runways: dict[str, common_pb2.Runway] = {}
+        self.prices: dict[str, Decimal] = {}
+        self.tracks: dict[Key, Track] = {}
+        self.wake = asyncio.Event()
+        self.on_decision: Callable[[Key, Decision, bool], None] = lambda k, d, applied: None
+
+    # --- inputs ---------------------------------------------------------------
+
+    def runway_changed(self, msg: events_pb2.RunwayChanged) -> None:
+        if msg.runway.tenant:
+            self.runways[msg.runway.tenant] = msg.runway
+            self.wake.set()
+
+    async def refresh_prices(self) -> None:
+        resp = await self.meter.ListPrices(meter_pb2.ListPricesRequest(), timeout=5)
+        self.prices = {p.flavor: Decimal(p.price_per_gpu_s) for p in resp.prices}
+
+    async def endpoints(self) -> list[common_pb2.Endpoint]:
+        out: list[common_pb2.Endpoint] = []
+        token = ""
+        while True:
+            resp = await self.gateway.ListAllEndpoints(gateway_pb2.ListAllEndpointsRequest(
+                page_size=500, page_token=token), metadata=self.md, timeout=10)
+            out += resp.endpoints
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    # --- one round ------------------------------------------------------------
+
+    async def round(self) -> int:
+        """Decide for every live endpoint; returns how many changed size."""
+        if not self.prices:
+            await self.refresh_prices()
+        live = await self.endpoints()
+        seen: set[Key] = set()
+        changed = 0
+        for e in live:
+            key = (e.tenant, e.endpoint_id)
+            seen.add(key)
+            if e.tenant not in self.runways:  # no budget known yet: never guess
+                continue
+            try:
+                changed += await self.decide_one(key, e)
+            except (grpc.aio.AioRpcError, RedisError, OSError) as err:
+                log.warning("endpoint %s of %s: %s", e.endpoint_id, e.tenant, err)
+        for gone in set(self.tracks) - seen:
+            del self.tracks[gone]
+        return changed
+
+    async def decide_one(self, key: Key, e: common_pb2.Endpoint) -> int:
+        t = self.tracks.setdefault(key, Track())
+        now = self.clock()
+        streams = await read_streams(self.redis, e.endpoint_id)
+        rps = arrival_rps(t.streams, streams, now - t.read_at)
+        t.streams, t.read_at = streams, now
+        p95 = await read_p95(self.redis, e.endpoint_id, self.heartbeat_s)
+        inputs = inputs_for(e, streams, rps, p95, self.runways.get(e.tenant), self.prices,
+                            self.windows, t.last_up, t.last_down)
+        decision, t.state = decide(inputs, t.state, now)
+        t.decision, t.inputs, t.decided_us = decision, inputs, now_us()
+        applied = False
+        if decision.target != inputs.current:
+            resp = await self.gateway.ScaleEndpoint(gateway_pb2.GatewayScaleEndpointRequest(
+                tenant=e.tenant, endpoint_id=e.endpoint_id, replicas=decision.target,
+                reason=str(decision.reason)), metadata=self.md, timeout=30)
+            got = resp.endpoint.replicas
+            applied = got != inputs.current
+            if got > inputs.current:
+                t.last_up = now
+            elif got < inputs.current:
+                t.last_down = now
+            if resp.refusal:
+                log.info("%s of %s: %d of %d replicas started: %s", e.endpoint_id, e.tenant,
+                         got, decision.target, resp.refusal)
+            log.info("%s of %s: %d -> %d replicas (%s)", e.endpoint_id, e.tenant,
+                     inputs.current, got, decision.reason)
+            t.applied += applied
+            if applied:
+                await self.publish(events_pb2.EndpointScaled(
+                    tenant=e.tenant, endpoint=e.endpoint_id, from_replicas=inputs.current,
+                    to_replicas=resp.endpoint.replicas, reason=str(decision.reason),
+                    time_us=t.decided_us, runway_s=min(inputs.runway_s, 1e18),
+                    projected_cost=str(decision.projected_cost)))
+        self.on_decision(key, decision, applied)
+        return int(applied)
+
+    async def run(self, stop: asyncio.Event, interval_s: float) -> None:
+        """A round every interval, or sooner when a runway message arrives."""
+        while not stop.is_set():
+            self.wake.clear()
+            try:
+                await self.round()
+            except (grpc.aio.AioRpcError, RedisError, OSError) as err:
+                log.warning("autoscaler round failed: %s", err)
+            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wake.wait())]
+            await asyncio.wait(waits, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+
+    # --- GetScaleState --------------------------------------------------------
+
+    def scale_state(self, tenant: str, endpoint_id: str
+                    ) -> autoscaler_pb2.GetScaleStateResponse | None:
+        t = self.tracks.get((tenant, endpoint_id))
+        if t is None or t.decision is None or t.inputs is None:
+            return None
+        d, i = t.decision, t.inputs
+        cooldown = (t.last_down if t.last_down is not None else -1e18)
+        if t.last_up is not None:
+            cooldown = max(cooldown, t.last_up)
+        until = 0
+        if cooldown > -1e18:
+            until = t.decided_us + int((cooldown + i.policy.scale_down_cooldown_s
+                                        - self.clock()) * 1e6)
+        return autoscaler_pb2.GetScaleStateResponse(
+            replicas=d.current, target_replicas=d.target, reason=str(d.reason),
+            inputs=autoscaler_pb2.ScaleInputs(
+                queue_depth=i.queued + i.in_flight, p95_ms=i.p95_ms or 0.0,
+                ready_replicas=i.ready, runway_s=0.0 if i.runway_s == float("inf")
+                else i.runway_s, runway_unlimited=i.runway_s == float("inf"),
+                remaining=str(i.remaining), price_per_replica_s=str(i.price_per_replica_s)),
+            decided_us=t.decided_us, cooldown_until_us=max(0, until))
+
+
+__all__ = ["Autoscaler", "Reason", "Track"]

@@ -1,0 +1,137 @@
+"""The autoscaler's live loop on the real cluster: load grows a CPU endpoint's replicas
+on the real kubelet, a spent budget takes it to zero (Infer then says why), a top-up
+brings its floor back. Every change goes through the gateway's ScaleEndpoint, so each
+new replica is admitted against the budget and placed by Kueue like any job."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from nats.js.api import DeliverPolicy
+
+from kestrel import bus
+from kestrel import cluster as kc
+from kestrel.devstack import free_port
+from kestrel.sdk import AsyncClient, Endpoint, KestrelError
+from kestrel.v1 import autoscaler_pb2, autoscaler_pb2_grpc, events_pb2
+from tests.e2e.loop import Loop, plane_env, until
+
+pytestmark = pytest.mark.e2e
+TOKEN = "kso_e2e-autoscaler"
+TEXTS = ["A man is eating food."] * 8
+
+
+@pytest.fixture
+async def loop(cluster_up: kc.ClusterInfo, service_env: dict[str, str], database: str,
+               tmp_path: Path) -> AsyncIterator[Loop]:
+    env = plane_env(cluster_up, service_env, TOKEN)
+    port = free_port()
+    env |= {"KESTREL_AUTOSCALER_PORT": str(port), "KESTREL_AUTOSCALER_ADDR": f"127.0.0.1:{port}",
+            "KESTREL_AUTOSCALER_METRICS_PORT": "0", "KESTREL_AUTOSCALER_INTERVAL_S": "0.5",
+            # short windows so a test sees a whole cycle; one replica takes ~2 requests/s
+            "KESTREL_AUTOSCALER_STABLE_WINDOW_S": "6", "KESTREL_AUTOSCALER_PANIC_WINDOW_S": "2",
+            "KESTREL_AUTOSCALER_SCALE_UP_COOLDOWN_S": "1",
+            "KESTREL_AUTOSCALER_SCALE_DOWN_COOLDOWN_S": "5",
+            "KESTREL_AUTOSCALER_REPLICA_RPS": "2"}
+    lp = Loop(env, tmp_path, database)
+    try:
+        lp.start_all()
+        lp.start("autoscaler")
+        yield lp
+    finally:
+        lp.stop_all()
+
+
+def replicas(client: AsyncClient, endpoint_id: str, n: int,
+             ready: int | None = None) -> Callable[[], Awaitable[Endpoint | None]]:
+    async def check() -> Endpoint | None:
+        e = await client.get_endpoint(endpoint_id)
+        ok = e.replicas == n and (ready is None or e.ready_replicas == ready)
+        return e if ok else None
+    return check
+
+
+async def test_load_grows_the_endpoint_a_spent_budget_empties_it_a_top_up_restores_it(
+        loop: Loop, clean_bus: str) -> None:
+    client = await loop.tenant("10")
+    tenant = loop.tenants[-1]
+    e = await client.create_endpoint("embed", min_replicas=1, max_replicas=2, flavor="cpu")
+    await until("the first replica ready", replicas(client, e.endpoint_id, 1, ready=1),
+                timeout_s=180)
+
+    stop = asyncio.Event()
+
+    async def load() -> None:
+        while not stop.is_set():
+            try:
+                await client.infer(e.endpoint_id, TEXTS, timeout_s=10)
+            except KestrelError:
+                await asyncio.sleep(0.2)
+
+    clients = [asyncio.create_task(load()) for _ in range(6)]
+    try:
+        grown = await until("a second replica for the load",
+                            replicas(client, e.endpoint_id, 2, ready=2),
+                            timeout_s=180)
+    finally:
+        stop.set()
+        await asyncio.gather(*clients)
+    assert grown.replicas == 2
+    pods = kc.kubectl("get", "pods", "-n", f"kestrel-{tenant}", "-l",
+                      f"kestrel.dev/endpoint={e.endpoint_id}", "-o",
+                      "jsonpath={.items[*].spec.nodeName}", check=True).stdout.split()
+    assert pods == [kc.NODE_NAME, kc.NODE_NAME]  # both on the real kubelet
+
+    async with loop.operator() as op:
+        r = await client.runway()
+        await op.adjust_credits(tenant, -r.unspent, note="e2e: budget withdrawn")
+    await until("zero replicas", replicas(client, e.endpoint_id, 0),
+                timeout_s=60)
+
+    async def refused() -> KestrelError | None:  # the gateway's view of it is 2 s old at most
+        try:
+            await client.infer(e.endpoint_id, TEXTS, timeout_s=1)
+        except KestrelError as err:
+            return err if err.code is grpc.StatusCode.FAILED_PRECONDITION else None
+        return None
+    err = await until("Infer refused: the budget is spent", refused, timeout_s=15)
+    assert "budget is spent" in err.message
+    async with grpc.aio.insecure_channel(loop.env["KESTREL_AUTOSCALER_ADDR"]) as ch:
+        state = await autoscaler_pb2_grpc.AutoscalerStub(ch).GetScaleState(
+            autoscaler_pb2.GetScaleStateRequest(tenant=tenant, endpoint_id=e.endpoint_id))
+    assert (state.target_replicas, state.reason) == (0, "runway_exhausted")
+
+    async with loop.operator() as op:
+        await op.top_up(tenant, "10")
+
+    async def back() -> Endpoint | None:
+        got = await client.get_endpoint(e.endpoint_id)
+        return got if got.ready_replicas >= 1 else None
+    await until("replicas back after the top-up", back, timeout_s=180)
+    assert len((await client.infer(e.endpoint_id, TEXTS)).embeddings) == 8
+
+    # Every change was published with its reason, in order.
+    nc = await bus.connect(clean_bus, "e2e-autoscaler")
+    seen: list[events_pb2.EndpointScaled] = []
+    sub = await nc.jetstream().subscribe(f"kestrel.endpoint.{tenant}.>",
+                                         ordered_consumer=True,
+                                         deliver_policy=DeliverPolicy.ALL)
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=2)
+            seen.append(events_pb2.EndpointScaled.FromString(msg.data))
+    except Exception:
+        pass
+    await nc.close()
+    steps = [(m.from_replicas, m.to_replicas, m.reason) for m in seen]
+    assert steps[0][:2] == (1, 2) and steps[0][2] in ("scale_up", "max_replicas_block"), steps
+    assert all(a != b for a, b, _ in steps), steps  # published only when the size changed
+    exhausted = [i for i, s in enumerate(steps) if s[1] == 0]
+    assert exhausted and steps[exhausted[0]][2] == "runway_exhausted", steps
+    assert steps[-1][0] == 0 and steps[-1][1] >= 1, steps  # the top-up brought it back
+    assert steps[-1][2] in ("warm_pool_floor", "scale_from_zero"), steps
+    await client.close()

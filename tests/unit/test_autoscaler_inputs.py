@@ -1,0 +1,84 @@
+"""What the live loop feeds the decision (services/autoscaler/inputs.py)."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+
+import pytest
+
+from kestrel.endpoints import Priority
+from kestrel.v1 import common_pb2
+from services.autoscaler.inputs import (
+    StreamReading,
+    Windows,
+    arrival_rps,
+    budget_for,
+    inputs_for,
+    policy_of,
+    replica_price,
+)
+
+PRICES = {"gpu-h100": Decimal("0.01"), "gpu-a10": Decimal("0.001"), "cpu": Decimal("0.0005")}
+
+
+def runway(credits: str = "10", charged: str = "0", free: str = "9.4", burn: str = "0.0005",
+           unlimited: bool = False) -> common_pb2.Runway:
+    return common_pb2.Runway(tenant="acme", credits=credits, charged=charged,
+                             free_to_reserve=free, burn_per_s=burn, unlimited=unlimited)
+
+
+@pytest.mark.parametrize(("name", "r", "own", "want"), [
+    ("the endpoint's own holds are added back to what is free",
+     runway(), 2, (Decimal("10.0"), 10 / 0.0005)),
+    ("nothing burns: the runway is unlimited", runway(burn="0", unlimited=True), 0,
+     (Decimal("9.4"), math.inf)),
+    ("spent money: nothing remains and no runway, whatever is held",
+     runway(credits="5", charged="5", free="0"), 2, (Decimal(0), 0.0)),
+    ("no runway message yet: no budget", None, 1, (Decimal(0), 0.0)),
+])
+def test_budget_for(name: str, r: common_pb2.Runway | None, own: int,
+                    want: tuple[Decimal, float]) -> None:
+    # each replica holds 1 core x 600 s x 0.0005 = 0.3
+    remaining, seconds = budget_for(r, own, Decimal("0.0005"), 600)
+    assert remaining == want[0], name
+    assert seconds == pytest.approx(want[1]), name
+
+
+def test_a_replica_costs_its_units_at_its_flavors_price() -> None:
+    cpu = common_pb2.EndpointSpec(flavor="cpu", gpus_per_replica=4)
+    assert replica_price(cpu, PRICES) == Decimal("0.0005")  # one core whatever gpus says
+    a10 = common_pb2.EndpointSpec(flavor="gpu-a10", gpus_per_replica=2)
+    assert replica_price(a10, PRICES) == Decimal("0.002")
+    # No flavor: admission picks by runway, so the dearest GPU flavor bounds it.
+    assert replica_price(common_pb2.EndpointSpec(), PRICES) == Decimal("0.01")
+
+
+def test_arrivals_are_entries_added_since_the_last_reading() -> None:
+    before = {p: StreamReading(0, 0, 10) for p in Priority}
+    now = {Priority.HIGH: StreamReading(0, 0, 30), Priority.NORMAL: StreamReading(0, 0, 10),
+           Priority.LOW: StreamReading(0, 0, 20)}
+    assert arrival_rps(before, now, 2.0) == 15.0
+    assert arrival_rps(None, now, 2.0) == 0.0  # the first reading has no rate
+
+
+def test_the_spec_sets_the_policy_where_it_says_something() -> None:
+    spec = common_pb2.EndpointSpec(min_replicas=1, max_replicas=3, warm_pool=2, cooldown_s=7,
+                                   reservation_horizon_s=120, target_queue_depth=4)
+    p = policy_of(spec, Windows(stable_window_s=10, panic_window_s=2))
+    assert (p.min_replicas, p.max_replicas, p.warm_pool, p.horizon_s) == (1, 3, 2, 120)
+    assert (p.scale_down_cooldown_s, p.target_queue_depth, p.stable_window_s) == (7, 4, 10)
+    default = policy_of(common_pb2.EndpointSpec(max_replicas=1), Windows())
+    assert default.horizon_s == 600 and default.scale_down_cooldown_s == 30
+
+
+def test_queued_is_what_no_replica_holds_yet_and_pending_is_in_flight() -> None:
+    e = common_pb2.Endpoint(endpoint_id="ep-0123456789abcdef", tenant="acme", replicas=2,
+                            ready_replicas=1,
+                            spec=common_pb2.EndpointSpec(flavor="cpu", max_replicas=2))
+    streams = {Priority.HIGH: StreamReading(5, 2, 50), Priority.NORMAL: StreamReading(3, 3, 9),
+               Priority.LOW: StreamReading(0, 0, 0)}
+    i = inputs_for(e, streams, 4.0, 120.0, runway(), PRICES, Windows(), None, None)
+    assert i.queue_depth == {Priority.HIGH: 3, Priority.NORMAL: 0, Priority.LOW: 0}
+    assert i.in_flight == 5 and (i.current, i.ready, i.pending) == (2, 1, 1)
+    assert i.remaining == Decimal("9.4") + 2 * Decimal("0.3")
