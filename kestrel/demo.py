@@ -7,9 +7,11 @@ Prometheus scraping them, kube-apiserver and Kueue (its address is printed).
 Then an operator creates two tenants, one with a large budget and one small;
 both submit GPU jobs; the small tenant's jobs are HELD when its budget is
 reserved, then released by a top-up. Meanwhile acme serves the real embedding model
-(all-MiniLM-L6-v2 on onnxruntime) from an endpoint on the CPU pool: its replica is a
-pod on the real kubelet node, admitted by Kueue, holding a rolling reservation and
-metered per core-second, and a client sends it requests throughout. A live table
+(all-MiniLM-L6-v2 on onnxruntime) from an endpoint on the CPU pool: its replicas are
+pods on the real kubelet node, admitted by Kueue, holding rolling reservations and
+metered per core-second; four clients send it requests and the autoscaler grows it
+to two replicas. Tenant beta's endpoint runs on a simulated GPU with a small budget:
+the autoscaler takes it to zero as its runway falls below the endpoint's horizon. A live table
 shows runway, reservations, job states and the endpoint's traffic; the summary
 compares the ledger's GPU-seconds with gpus x elapsed recomputed from Kubernetes' own
 timestamps, and the endpoint's core-seconds with its replica's admission and
@@ -26,13 +28,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 import asyncpg
+import grpc
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -42,6 +46,7 @@ from kestrel.cli import render
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
 from kestrel.sdk import AsyncClient, Endpoint, Job, JobState, KestrelError, Runway
+from kestrel.v1 import autoscaler_pb2, autoscaler_pb2_grpc
 
 _probe = Console()
 console = _probe if _probe.is_terminal else Console(width=120)
@@ -49,12 +54,57 @@ TOKEN = "kso_demo-operator"
 # Demo prices, credits per GPU-second (per core-second on the CPU pool), high so that
 # budgets move within seconds.
 PRICES = "gpu-h100=0.05,gpu-a10=0.015,cpu=0.002"
-ENDPOINT = ("acme", "embed")  # acme's endpoint on the CPU pool, one replica
 TEXTS = ["A man is eating food.", "A man is eating a piece of bread.",
          "The girl is carrying a baby.", "A man is riding a horse.",
          "A woman is playing the violin.", "Two men pushed carts through the woods.",
          "A monkey is playing drums.", "A cheetah is running behind its prey."]
-MIN_REQUESTS = 20  # the demo keeps sending until the endpoint served at least this many
+MIN_REQUESTS = 20  # the demo keeps sending until acme's endpoint served at least this many
+
+
+@dataclass(frozen=True)
+class EndpointPlan:
+    tenant: str
+    name: str
+    flavor: str
+    min_replicas: int
+    max_replicas: int
+    horizon_s: int  # seconds of spend each replica holds
+    clients: int  # concurrent clients sending requests of 8 texts
+
+
+# acme's endpoint on the CPU pool grows with its load (the real kubelet, the real
+# model); beta's on a simulated GPU, with a small budget, shrinks as its runway falls
+# below the horizon and stops when the money is gone.
+# acme's horizon is 2 minutes: its GPU jobs burn ~0.5 credits/s for a few seconds, a
+# runway of ~6 minutes, so a 10-minute horizon would shrink the endpoint meanwhile.
+ENDPOINTS = [EndpointPlan("acme", "embed", "cpu", 1, 2, 120, 4),
+             EndpointPlan("beta", "embed-gpu", "gpu-a10", 1, 1, 10, 1)]
+AUTOSCALER_ENV = {  # short windows so that a 40 s demo sees whole cycles
+    "KESTREL_AUTOSCALER_INTERVAL_S": "0.5", "KESTREL_AUTOSCALER_STABLE_WINDOW_S": "10",
+    "KESTREL_AUTOSCALER_PANIC_WINDOW_S": "3", "KESTREL_AUTOSCALER_SCALE_UP_COOLDOWN_S": "2",
+    "KESTREL_AUTOSCALER_SCALE_DOWN_COOLDOWN_S": "10", "KESTREL_AUTOSCALER_REPLICA_RPS": "3"}
+
+
+# The autoscaler's reasons for taking an endpoint down for money.
+BUDGET_REASONS = ("runway_short", "runway_exhausted", "cost_budget_block")
+
+
+@dataclass
+class EndpointRun:
+    """One endpoint of the demo: its traffic, as its clients saw it."""
+
+    plan: EndpointPlan
+    endpoint: Endpoint | None = None
+    served: list[float] = field(default_factory=list)  # latency (ms) of each answer
+    refused: int = 0  # FAILED_PRECONDITION: the tenant's budget is spent
+    waited: int = 0  # UNAVAILABLE / DEADLINE_EXCEEDED: no replica at that moment
+    failed: list[str] = field(default_factory=list)  # anything else
+    most: int = 0  # the most replicas seen at once
+    replicas: set[str] = field(default_factory=set)  # replica job ids that answered
+    reason: str = ""  # the autoscaler's last reason
+    # Seen at zero replicas because money could no longer pay for one over its horizon.
+    stopped_by_budget: bool = False
+
 
 
 @dataclass(frozen=True)
@@ -69,7 +119,9 @@ class Plan:
 
 
 TENANTS = {"acme": ("200", {"gpu-h100": 16, "gpu-a10": 16}),
-           "tiny": ("3", {"gpu-h100": 8, "gpu-a10": 8})}
+           "tiny": ("3", {"gpu-h100": 8, "gpu-a10": 8}),
+           # 1 simulated A10 at 0.015/s: 0.45 credits last about 30 s of its endpoint
+           "beta": ("0.45", {"gpu-a10": 1})}
 PLAN = [
     Plan("acme", "pretrain", 8, "gpu-h100", 6, 10, 0.0),
     Plan("acme", "eval", 4, "gpu-a10", 6, 15, 0.5),
@@ -92,11 +144,9 @@ class Demo:
         self.runways: dict[str, Runway] = {}
         self.log: list[str] = []
         self.t0 = time.monotonic()
-        self.endpoint: Endpoint | None = None
-        self.served: list[float] = []  # latency (ms) of each answered request
-        self.failed: list[str] = []
-        self.replica = ""  # the replica's job id (the worker names itself after it)
+        self.endpoints = {p.tenant: EndpointRun(p) for p in ENDPOINTS}
         self.traffic_stop = asyncio.Event()
+        self.autoscaler = ""  # its address: GetScaleState for the table
 
     def note(self, text: str) -> None:
         self.log.append(f"[dim]{time.monotonic() - self.t0:5.1f}s[/dim] {text}")
@@ -119,35 +169,45 @@ class Demo:
         self.note(f"{p.tenant}: {p.name} ({p.gpus}x {p.flavor}) -> [b]{job.state.value}[/b]"
                   f" {job.reason[:70]}")
 
-    async def serve(self) -> None:
-        """acme's endpoint: create it (its replica is admitted like a job), wait for the
-        worker in its pod to load the model, then send requests of 8 texts, two at a
-        time, until told to stop."""
-        tenant, name = ENDPOINT
-        c = self.clients[tenant]
-        ep = self.endpoint = await c.create_endpoint(name, min_replicas=1, max_replicas=1,
-                                                     flavor="cpu")
-        self.note(f"{tenant}: endpoint [b]{name}[/b] on the CPU pool -> {ep.replicas} "
-                  "replica admitted (a pod on the real kubelet)")
+    async def serve(self, run: EndpointRun) -> None:
+        """Create the endpoint (its first replica is admitted like a job), wait for the
+        model to load, then send requests of 8 texts until told to stop; the
+        autoscaler sizes it meanwhile."""
+        p = run.plan
+        c = self.clients[p.tenant]
+        ep = run.endpoint = await c.create_endpoint(
+            p.name, min_replicas=p.min_replicas, max_replicas=p.max_replicas, flavor=p.flavor,
+            horizon_s=p.horizon_s)
+        where = ("a simulated GPU replica: a KWOK pod, a host process answers" if ep.simulated
+                 else "a pod on the real kubelet")
+        self.note(f"{p.tenant}: endpoint [b]{p.name}[/b] on {p.flavor} -> {ep.replicas} "
+                  f"replica admitted ({where})")
         deadline = time.monotonic() + 180
         while ep.ready_replicas < 1:
             if time.monotonic() > deadline:
-                self.failed.append("no ready replica within 180 s")
+                run.failed.append("no ready replica within 180 s")
                 return
             await asyncio.sleep(0.5)
-            ep = self.endpoint = await c.get_endpoint(ep.endpoint_id)
-        self.note(f"{tenant}: endpoint [b]{name}[/b] ready: the model loaded in its pod")
+            ep = run.endpoint = await c.get_endpoint(ep.endpoint_id)
+        self.note(f"{p.tenant}: endpoint [b]{p.name}[/b] ready: the model loaded")
 
         async def client() -> None:
             while not self.traffic_stop.is_set():
                 t = time.perf_counter()
                 try:
-                    r = await c.infer(ep.endpoint_id, TEXTS, timeout_s=10)
-                    self.served.append((time.perf_counter() - t) * 1e3)
-                    self.replica = r.replica
+                    r = await c.infer(ep.endpoint_id, TEXTS, timeout_s=5)
+                    run.served.append((time.perf_counter() - t) * 1e3)
+                    run.replicas.add(r.replica)
                 except KestrelError as e:
-                    self.failed.append(e.code_name)
-        await asyncio.gather(client(), client())
+                    if e.code is grpc.StatusCode.FAILED_PRECONDITION:
+                        run.refused += 1
+                    elif e.code in (grpc.StatusCode.UNAVAILABLE,
+                                    grpc.StatusCode.DEADLINE_EXCEEDED):
+                        run.waited += 1
+                    else:
+                        run.failed.append(e.code_name)
+                    await asyncio.sleep(0.5)
+        await asyncio.gather(*(client() for _ in range(p.clients)))
 
     async def top_up(self) -> None:
         await asyncio.sleep(TOP_UP_AT_S)
@@ -168,13 +228,40 @@ class Demo:
                               + (f" on {job.flavor}" if job.state is JobState.QUEUED else ""))
                 self.jobs[job.job_id] = job
 
-        if self.endpoint is not None:
-            self.endpoint = await self.clients[ENDPOINT[0]].get_endpoint(
-                self.endpoint.endpoint_id)
+        for run in self.endpoints.values():
+            if run.endpoint is None:
+                continue
+            before = run.endpoint
+            run.endpoint = await self.clients[run.plan.tenant].get_endpoint(
+                before.endpoint_id)
+            run.most = max(run.most, run.endpoint.replicas)
+            run.reason = await self.scale_reason(run)
+            if run.endpoint.replicas == 0 and run.most >= 1 and run.reason in BUDGET_REASONS:
+                run.stopped_by_budget = True
+            if run.endpoint.replicas != before.replicas:
+                self.note(f"{run.plan.tenant}: endpoint {run.plan.name} {before.replicas} -> "
+                          f"[b]{run.endpoint.replicas}[/b] replicas ({run.reason or '?'})")
+
+    async def scale_reason(self, run: EndpointRun) -> str:
+        if not self.autoscaler or run.endpoint is None:
+            return ""
+        async with grpc.aio.insecure_channel(self.autoscaler) as ch:
+            try:
+                got = await autoscaler_pb2_grpc.AutoscalerStub(ch).GetScaleState(
+                    autoscaler_pb2.GetScaleStateRequest(
+                        tenant=run.plan.tenant, endpoint_id=run.endpoint.endpoint_id),
+                    timeout=2)
+            except grpc.aio.AioRpcError:
+                return run.reason
+        return str(got.reason)
 
     def done(self) -> bool:
+        acme, beta = self.endpoints["acme"], self.endpoints["beta"]
+        grown = acme.most >= acme.plan.max_replicas and len(acme.served) >= MIN_REQUESTS
+        stopped = beta.stopped_by_budget
+        failed = any(r.failed for r in self.endpoints.values())
         return (len(self.jobs) == len(PLAN) and all(j.state.terminal for j in self.jobs.values())
-                and (len(self.served) >= MIN_REQUESTS or bool(self.failed)))
+                and ((grown and stopped) or failed))
 
     def render(self) -> Group:
         r = Table(title="runway (from the ledger, live)")
@@ -191,16 +278,20 @@ class Demo:
         for job in sorted(self.jobs.values(), key=lambda x: (x.tenant, x.created_us)):
             j.add_row(job.tenant, job.spec.name, str(job.spec.gpus), job.state.value,
                       job.flavor or "-", f"{job.reserved}")
-        e = Table(title="endpoints (CPU pool: a real kubelet node; the model runs for real)")
-        for col in ("tenant", "endpoint", "flavor", "ready", "requests", "texts", "failed",
-                    "p50 ms"):
+        e = Table(title="endpoints (the model runs for real; the cpu pool is a real kubelet, "
+                        "GPU replicas are simulated) and the autoscaler")
+        for col in ("tenant", "endpoint", "flavor", "replicas", "most", "requests",
+                    "refused", "no replica", "failed", "p50 ms", "autoscaler"):
             e.add_column(col)
-        if self.endpoint is not None:
-            ep = self.endpoint
-            p50 = sorted(self.served)[len(self.served) // 2] if self.served else 0.0
-            e.add_row(ep.tenant, ep.name, ep.flavor, f"{ep.ready_replicas}/{ep.replicas}",
-                      str(len(self.served)), str(len(self.served) * len(TEXTS)),
-                      str(len(self.failed)), f"{p50:.0f}")
+        for run in self.endpoints.values():
+            if run.endpoint is None:
+                continue
+            ep = run.endpoint
+            p50 = sorted(run.served)[len(run.served) // 2] if run.served else 0.0
+            e.add_row(ep.tenant, ep.name, f"{ep.flavor}{' (simulated)' if ep.simulated else ''}",
+                      f"{ep.ready_replicas}/{ep.replicas}", str(run.most), str(len(run.served)),
+                      str(run.refused), str(run.waited), str(len(run.failed)), f"{p50:.0f}",
+                      run.reason)
         return Group(r, j, e, *self.log)
 
     async def close(self) -> None:
@@ -247,39 +338,61 @@ async def summary(stack: Stack, demo: Demo) -> bool:
 
 
 async def endpoint_summary(stack: Stack, demo: Demo) -> bool:
-    """The endpoint's replica: requests, and its core-seconds in the ledger against its
-    own instants (Kueue's admission, the deletion), from the placer's events."""
-    if demo.endpoint is None:
-        console.print("[red]the endpoint was never created[/red]")
-        return False
+    """Each endpoint's replicas (every one the autoscaler started): requests, and their
+    units in the ledger against each replica's own instants from the placer's events
+    (Kueue's admission to its deletion or eviction)."""
+    t = Table(title="summary of the endpoints: their replicas in the ledger vs their own "
+                    "instants")
+    for col in ("tenant", "endpoint", "replicas", "most", "requests", "refused", "failed",
+                "units-s (ledger)", "units-s (events)", "equal", "spend"):
+        t.add_column(col, justify="right")
+    ok = True
     db = await asyncpg.connect(stack.postgres_dsn)
     try:
-        row = await db.fetchrow("""
-            SELECT (SELECT coalesce(sum(gpu_us), 0) FROM ledger WHERE workload_id = $1) u,
-                   (SELECT coalesce(sum(cost), 0) FROM ledger WHERE workload_id = $1) c,
-                   (SELECT max(time_us) FROM workload_events
-                    WHERE workload_id = $1 AND type = 1) a,
-                   (SELECT max(time_us) FROM workload_events
-                    WHERE workload_id = $1 AND type IN (3, 4, 5, 7)) z""", demo.replica)
+        for run in demo.endpoints.values():
+            if run.endpoint is None:
+                ok = False
+                continue
+            ids = [j.job_id async for j in demo.clients[run.plan.tenant].list_jobs()
+                   if j.spec.endpoint_id == run.endpoint.endpoint_id]
+            rows = await db.fetch("""
+                SELECT a.workload_id, a.gpus,
+                       (SELECT coalesce(sum(gpu_us), 0) FROM ledger l
+                        WHERE l.workload_id = a.workload_id) used,
+                       (SELECT coalesce(sum(cost), 0) FROM ledger l
+                        WHERE l.workload_id = a.workload_id) cost,
+                       (SELECT min(time_us) FROM workload_events e
+                        WHERE e.workload_id = a.workload_id AND e.type = 1) a_us,
+                       (SELECT min(time_us) FROM workload_events e
+                        WHERE e.workload_id = a.workload_id AND e.type IN (3, 4, 5, 7)) z_us
+                FROM allocations a WHERE a.workload_id = ANY($1::text[])""", ids)
+            used = sum((Decimal(int(r["used"])) for r in rows), Decimal(0)) / 1_000_000
+            want = sum((Decimal(int(r["gpus"]) * (int(r["z_us"]) - int(r["a_us"])))
+                        for r in rows if r["a_us"] is not None and r["z_us"] is not None),
+                       Decimal(0)) / 1_000_000
+            closed = all(r["z_us"] is not None for r in rows) and bool(rows)
+            equal = closed and used == want
+            ok &= equal and not run.failed
+            spend = sum((r["cost"] for r in rows), Decimal(0))
+            t.add_row(run.plan.tenant, run.plan.name, str(len(ids)), str(run.most),
+                      str(len(run.served)), str(run.refused), str(len(run.failed)),
+                      f"{used:.6f}", f"{want:.6f}",
+                      "[green]yes[/green]" if equal else "[red]NO[/red]", f"{spend:.6f}")
+            if run.failed:
+                console.print(f"[red]{run.plan.name}: failed requests: "
+                              f"{sorted(set(run.failed))}[/red]")
     finally:
         await db.close()
-    t = Table(title="summary of the endpoint: its replica in the ledger vs its own instants")
-    for col in ("tenant", "endpoint", "replica", "requests", "failed", "core-s (ledger)",
-                "core-s (events)", "equal", "spend"):
-        t.add_column(col, justify="right")
-    used = Decimal(int(row["u"])) / 1_000_000 if row else Decimal(0)
-    ok_rows = row is not None and row["a"] is not None and row["z"] is not None
-    want = Decimal(int(row["z"]) - int(row["a"])) / 1_000_000 if ok_rows else Decimal(-1)
-    equal = ok_rows and used == want
-    t.add_row(demo.endpoint.tenant, demo.endpoint.name, demo.replica or "-",
-              str(len(demo.served)), str(len(demo.failed)), f"{used:.6f}",
-              f"{want:.6f}" if ok_rows else "-",
-              "[green]yes[/green]" if equal else "[red]NO[/red]",
-              f"{row['c'] if row else 0:.6f}")
     console.print(t)
-    if demo.failed:
-        console.print(f"[red]failed requests: {sorted(set(demo.failed))}[/red]")
-    return bool(equal) and not demo.failed and len(demo.served) >= MIN_REQUESTS
+    acme, beta = demo.endpoints["acme"], demo.endpoints["beta"]
+    if acme.most < acme.plan.max_replicas or len(acme.served) < MIN_REQUESTS:
+        console.print(f"[red]acme's endpoint never grew to {acme.plan.max_replicas} replicas "
+                      f"with {MIN_REQUESTS} requests served[/red]")
+        ok = False
+    if not beta.stopped_by_budget:
+        console.print("[red]beta's endpoint never went to zero for its budget[/red]")
+        ok = False
+    return ok
 
 
 async def main_async(keep: bool) -> int:
@@ -298,7 +411,7 @@ async def main_async(keep: bool) -> int:
     try:
         console.print("infrastructure: Postgres, NATS JetStream, Redis on 127.0.0.1 …")
         await asyncio.to_thread(stack.up)
-        names = ("meter", "gateway", "admission", "placer")
+        names = ("meter", "gateway", "admission", "placer", "autoscaler")
         every_port = port_map(*names, *(f"{n}-metrics" for n in names))  # all distinct
         ports = {n: every_port[n] for n in names}
         metrics_ports = {n: every_port[f"{n}-metrics"] for n in names}
@@ -308,11 +421,13 @@ async def main_async(keep: bool) -> int:
                **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
                **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in ports.items()},
                **{f"KESTREL_{n.upper()}_METRICS_PORT": str(p) for n, p in metrics_ports.items()}}
-        for name in ("meter", "gateway", "admission", "placer"):
+        env |= {**AUTOSCALER_ENV,
+                "KESTREL_AUTOSCALER_LEASE": f"kestrel-demo-autoscaler-{os.getpid()}"}
+        for name in names:
             proc = ServiceProcess(name, env, f"127.0.0.1:{ports[name]}", root / f"{name}.log")
             await asyncio.to_thread(proc.start)
             procs.append(proc)
-        console.print(f"services: meter, gateway, admission, placer (logs in {root}); "
+        console.print(f"services: meter, gateway, admission, placer, autoscaler (logs in {root}); "
                       f"demo prices {PRICES} credits per GPU-second")
         prom = prometheus.Prometheus(root / "prometheus")
         await asyncio.to_thread(prom.up, prometheus.plane_config(
@@ -321,10 +436,11 @@ async def main_async(keep: bool) -> int:
         console.print(f"prometheus: {prom.url} scrapes them, kube-apiserver and Kueue "
                       f"(alerts {prom.url}/alerts)")
         demo = Demo(f"127.0.0.1:{ports['gateway']}")
+        demo.autoscaler = f"127.0.0.1:{ports['autoscaler']}"
         await demo.setup()
         with Live(demo.render(), console=console, refresh_per_second=4) as live:
             work = asyncio.gather(*(demo.submit(p) for p in PLAN), demo.top_up())
-            traffic = asyncio.create_task(demo.serve())
+            traffic = asyncio.gather(*(demo.serve(r) for r in demo.endpoints.values()))
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline:
                 await demo.refresh()
@@ -335,12 +451,14 @@ async def main_async(keep: bool) -> int:
             await work
             demo.traffic_stop.set()
             await traffic
-            if demo.endpoint is not None:
-                await demo.clients[ENDPOINT[0]].delete_endpoint(demo.endpoint.endpoint_id)
-                demo.note(f"{ENDPOINT[0]}: endpoint deleted: its replica stops, metered to "
-                          "that instant")
-                live.update(demo.render())
+            for run in demo.endpoints.values():
+                if run.endpoint is not None:
+                    await demo.clients[run.plan.tenant].delete_endpoint(
+                        run.endpoint.endpoint_id)
+            demo.note("endpoints deleted: their replicas stop, metered to that instant")
+            live.update(demo.render())
         await asyncio.sleep(1.5)  # the last ticks and closes reach the ledger
+        console.print()
         ok = await summary(stack, demo)
         if not demo.done():
             console.print("[red]not every job finished (or the endpoint did not serve "

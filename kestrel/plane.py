@@ -3,8 +3,8 @@
     python -m kestrel.plane up|down|status|env
 
 `up` starts the devstack (Postgres, NATS JetStream, Redis) and the services —
-meter, gateway, admission, and the placer when the Kubernetes data plane is
-up — as detached processes on their default loopback ports, with logs and an
+meter, gateway, admission, and the placer and the autoscaler when the Kubernetes
+data plane is up — as detached processes on their default loopback ports, with logs and an
 operator token under .run/plane, then a Prometheus (kestrel.prometheus) on
 127.0.0.1:19090 scraping them, the model workers, and kube-apiserver and Kueue
 when the data plane is up. `env` prints the exports the CLI, the SDK
@@ -26,7 +26,9 @@ from kestrel.devstack import Stack, StackError, open_stack
 from kestrel.procs import REPO, ServiceProcess, wait_serving
 
 ROOT = REPO / ".run" / "plane"
-PORTS = {"meter": 50053, "admission": 50052, "gateway": 50051, "placer": 50054}
+PORTS = {"meter": 50053, "admission": 50052, "gateway": 50051, "placer": 50054,
+         "autoscaler": 50055}
+WITH_CLUSTER = ("placer", "autoscaler")  # started only when the data plane is up
 TOKEN_FILE = ROOT / "operator-token"
 METRICS_PORTS = prometheus.DEFAULT_METRICS_PORTS
 PROMETHEUS_DIR = ROOT / "prometheus"
@@ -68,7 +70,7 @@ def up(with_placer: bool | None = None) -> None:
 
         with_placer = cluster.is_up()
     if with_placer:
-        names.append("placer")
+        names += WITH_CLUSTER
     for name in names:
         old = pids.get(name)
         if old and _alive(old):
@@ -118,7 +120,7 @@ def status() -> int:
                 wait_serving(f"127.0.0.1:{port}", timeout_s=2)
             except (TimeoutError, RuntimeError):
                 running = False
-        ok &= running or name == "placer"
+        ok &= running or name in WITH_CLUSTER
         print(f"{name:<10} {'serving' if running else 'stopped':<8} 127.0.0.1:{port}")
     prom = prometheus.Prometheus.open(PROMETHEUS_DIR)
     serving = prom.running() and prom.ready()

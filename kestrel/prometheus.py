@@ -45,7 +45,8 @@ KUBE_RBAC = DEPLOY / "kube-rbac.yaml"
 SERVICE_ACCOUNT = ("kube-system", "kestrel-prometheus")
 DEFAULT_PORT = int(os.environ.get("KESTREL_PROMETHEUS_PORT", "19090"))
 # Where each service serves /metrics when nothing else says (services/*/app.py).
-DEFAULT_METRICS_PORTS = {"gateway": 9151, "admission": 9152, "meter": 9153, "placer": 9154}
+DEFAULT_METRICS_PORTS = {"gateway": 9151, "admission": 9152, "meter": 9153, "placer": 9154,
+                         "autoscaler": 9155}
 WORKERS_FILE = "model-workers.json"
 
 

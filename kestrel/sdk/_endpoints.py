@@ -76,10 +76,11 @@ class InferResult:
 
 
 def create_endpoint_request(name: str, *, min_replicas: int = 0, max_replicas: int = 1,
-                            flavor: str = "", model: str = "") -> gateway_pb2.CreateEndpointRequest:
+                            flavor: str = "", model: str = "", horizon_s: int = 0,
+                            warm_pool: int = 0) -> gateway_pb2.CreateEndpointRequest:
     return gateway_pb2.CreateEndpointRequest(spec=common_pb2.EndpointSpec(
         name=name, model=model, flavor=flavor, min_replicas=min_replicas,
-        max_replicas=max_replicas))
+        max_replicas=max_replicas, reservation_horizon_s=horizon_s, warm_pool=warm_pool))
 
 
 def infer_request(endpoint_id: str, inputs: Sequence[str], priority: Priority | str | int,

@@ -241,16 +241,19 @@ class Client:
     # --- tenant: endpoints -----------------------------------------------------------
 
     def create_endpoint(self, name: str, *, min_replicas: int = 0, max_replicas: int = 1,
-                        flavor: str = "", model: str = "") -> Endpoint:
+                        flavor: str = "", model: str = "", horizon_s: int = 0,
+                        warm_pool: int = 0) -> Endpoint:
         """A new endpoint of the caller's tenant. With a cluster, its first replicas
         (min_replicas, at least one) start at once, each reserving its cost for the
         endpoint's horizon (FailedPrecondition when the budget cannot hold them): on
         flavor `cpu` a pod on the real kubelet, on a GPU flavor a simulated KWOK pod
         answered by a host stand-in. Without one, replicas are host processes
-        (`KESTREL_WORKER_ENDPOINT=<endpoint_id> python -m services.worker`)."""
+        (`KESTREL_WORKER_ENDPOINT=<endpoint_id> python -m services.worker`).
+        `horizon_s`: seconds of spend each replica holds (0: the gateway's 600);
+        `warm_pool`: replicas the autoscaler keeps ready while the budget allows."""
         resp = self._call(self._stub.CreateEndpoint, create_endpoint_request(
             name, min_replicas=min_replicas, max_replicas=max_replicas, flavor=flavor,
-            model=model), operator=False)
+            model=model, horizon_s=horizon_s, warm_pool=warm_pool), operator=False)
         return Endpoint.from_pb(resp.endpoint)
 
     def get_endpoint(self, endpoint_id: str) -> Endpoint:

@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import redis.asyncio as aioredis
@@ -17,6 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from kestrel import bus
 from kestrel.config import Endpoints, env_float, env_int, env_str
 from kestrel.grpcserver import Server
+from kestrel.kubeclient import new_api_client
+from kestrel.lease import Elector
 from kestrel.metrics import GrpcMetrics
 from kestrel.service import every, serve_metrics
 from kestrel.v1 import (
@@ -46,13 +51,21 @@ class AutoscalerConfig:
     interval_s: float
     windows: Windows
     heartbeat_s: float
+    kubeconfig: str = ""  # empty: no leader election (run a single autoscaler)
+    lease: str = "kestrel-autoscaler"
+    lease_namespace: str = "default"
+    lease_duration_s: int = 5
 
     @classmethod
     def from_env(cls) -> AutoscalerConfig:
         token = env_str("KESTREL_OPERATOR_TOKEN", "")
+        token_file = Path(env_str("KESTREL_OPERATOR_TOKEN_FILE", ".run/operator-token"))
+        if not token and token_file.exists():  # the one the gateway generated
+            token = token_file.read_text().strip()
         if not token:
-            raise SystemExit("KESTREL_OPERATOR_TOKEN is required: the autoscaler scales "
-                             "endpoints through the gateway's operator RPCs")
+            raise SystemExit("KESTREL_OPERATOR_TOKEN (or the gateway's token file, "
+                             f"{token_file}) is required: the autoscaler scales endpoints "
+                             "through the gateway's operator RPCs")
         return cls(
             endpoints=Endpoints.from_env("autoscaler"),
             host=env_str("KESTREL_BIND_HOST", "127.0.0.1"),
@@ -70,7 +83,11 @@ class AutoscalerConfig:
                 scale_down_cooldown_s=env_float("KESTREL_AUTOSCALER_SCALE_DOWN_COOLDOWN_S",
                                                 30.0),
                 replica_rps=env_float("KESTREL_AUTOSCALER_REPLICA_RPS", 45.0)),
-            heartbeat_s=env_float("KESTREL_WORKER_HEARTBEAT_S", 1.0))
+            heartbeat_s=env_float("KESTREL_WORKER_HEARTBEAT_S", 1.0),
+            kubeconfig=env_str("KESTREL_KUBECONFIG", ""),
+            lease=env_str("KESTREL_AUTOSCALER_LEASE", "kestrel-autoscaler"),
+            lease_namespace=env_str("KESTREL_AUTOSCALER_LEASE_NAMESPACE", "default"),
+            lease_duration_s=env_int("KESTREL_AUTOSCALER_LEASE_S", 5))
 
 
 async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
@@ -104,6 +121,20 @@ async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
         decisions.labels(str(d.reason), "true" if applied else "false").inc()
 
     scaler.on_decision = on_decision
+    elector: Elector | None = None
+    if config.kubeconfig and config.lease:
+        api = await bus.retry_forever("kubernetes client", lambda: asyncio.to_thread(
+            new_api_client, config.kubeconfig, 4))
+        identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        elector = Elector(api, config.lease, config.lease_namespace, identity,
+                          duration_s=config.lease_duration_s,
+                          renew_s=max(0.2, config.lease_duration_s / 5))
+        scaler.leading = lambda: elector is not None and elector.leading
+        leader = Gauge("kestrel_autoscaler_leader", "1 while this autoscaler holds the Lease",
+                       registry=registry)
+        leader.set_function(lambda: float(elector is not None and elector.leading))
+        log.info("leader election: Lease %s/%s as %s", config.lease_namespace, config.lease,
+                 identity)
 
     async def on_runway(msg: object) -> None:
         with contextlib.suppress(Exception):
@@ -120,6 +151,7 @@ async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
     tasks = [asyncio.create_task(scaler.run(stop, config.interval_s), name="loop"),
+             *([asyncio.create_task(elector.run(stop), name="lease")] if elector else []),
              asyncio.create_task(every(30.0, stop, scaler.refresh_prices,
                                        "refreshing prices failed", log), name="prices")]
     log.info("autoscaler serving gRPC on %s (every %.1fs; gateway %s, meter %s)",
@@ -132,6 +164,8 @@ async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
         for t in tasks:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(t, timeout=10)
+        if elector is not None:
+            await asyncio.to_thread(elector.release)
         if http is not None:
             http[0].shutdown()
         with contextlib.suppress(Exception):

@@ -108,6 +108,8 @@ class Autoscaler:
         self.prices: dict[str, Decimal] = {}
         self.tracks: dict[Key, Track] = {}
         self.wake = asyncio.Event()
+        # Whether this process may act (the Lease's holder); always, without election.
+        self.leading: Callable[[], bool] = lambda: True
         self.on_decision: Callable[[Key, Decision, bool], None] = lambda k, d, applied: None
 
     # --- inputs ---------------------------------------------------------------
@@ -196,7 +198,10 @@ class Autoscaler:
         while not stop.is_set():
             self.wake.clear()
             try:
-                await self.round()
+                if self.leading():
+                    await self.round()
+                elif self.tracks:  # a follower keeps no state: the leader's is the truth
+                    self.tracks.clear()
             except (grpc.aio.AioRpcError, RedisError, OSError) as err:
                 log.warning("autoscaler round failed: %s", err)
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wake.wait())]

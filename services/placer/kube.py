@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
+from kestrel.kubeclient import new_api_client as new_api_client
 from services.placer.lifecycle import JOB_ID_LABEL
 
 log = logging.getLogger("kestrel.placer.kube")
@@ -37,16 +37,6 @@ def _strip_none(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_strip_none(v) for v in obj]
     return obj
-
-
-def new_api_client(kubeconfig: str, pool: int = 32) -> Any:
-    """A client whose connection pool holds `pool` connections: set before the pool
-    exists, or every call beyond the default size pays a new TLS handshake."""
-    cfg = k8s.Configuration()
-    load = cast(Callable[..., None], k8s_config.load_kube_config)
-    load(config_file=kubeconfig, client_configuration=cfg)
-    cfg.connection_pool_maxsize = pool
-    return k8s.ApiClient(cfg)
 
 
 class Kube:

@@ -44,7 +44,8 @@ class Loop:
     env: dict[str, str]
     tmp: Path
     dsn: str
-    procs: dict[str, ServiceProcess] = field(default_factory=dict)
+    procs: dict[str, ServiceProcess] = field(default_factory=dict)  # the latest per name
+    started: list[ServiceProcess] = field(default_factory=list)  # all, for stop_all
     tenants: list[str] = field(default_factory=list)
     starts: int = 0
 
@@ -53,13 +54,14 @@ class Loop:
         self.procs[name] = ServiceProcess(
             name, self.env, self.env[f"KESTREL_{name.upper()}_ADDR"],
             self.tmp / f"{name}-{self.starts}.log").start()
+        self.started.append(self.procs[name])
 
     def start_all(self) -> None:
         for n in NAMES:
             self.start(n)
 
     def stop_all(self) -> None:
-        for p in self.procs.values():
+        for p in reversed(self.started):
             p.stop()
         for t in self.tenants:
             kc.kubectl("delete", "namespace", f"kestrel-{t}", "--wait=false",

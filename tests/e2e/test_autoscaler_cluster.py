@@ -6,6 +6,7 @@ new replica is admitted against the budget and placed by Kueue like any job."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -31,6 +32,9 @@ async def loop(cluster_up: kc.ClusterInfo, service_env: dict[str, str], database
     env = plane_env(cluster_up, service_env, TOKEN)
     port = free_port()
     env |= {"KESTREL_AUTOSCALER_PORT": str(port), "KESTREL_AUTOSCALER_ADDR": f"127.0.0.1:{port}",
+            # each test its own Lease, short, so a killed leader is replaced within seconds
+            "KESTREL_AUTOSCALER_LEASE": f"e2e-autoscaler-{uuid.uuid4().hex[:6]}",
+            "KESTREL_AUTOSCALER_LEASE_S": "3",
             "KESTREL_AUTOSCALER_METRICS_PORT": "0", "KESTREL_AUTOSCALER_INTERVAL_S": "0.5",
             # short windows so a test sees a whole cycle; one replica takes ~2 requests/s
             "KESTREL_AUTOSCALER_STABLE_WINDOW_S": "6", "KESTREL_AUTOSCALER_PANIC_WINDOW_S": "2",
@@ -135,3 +139,62 @@ async def test_load_grows_the_endpoint_a_spent_budget_empties_it_a_top_up_restor
     assert steps[-1][0] == 0 and steps[-1][1] >= 1, steps  # the top-up brought it back
     assert steps[-1][2] in ("warm_pool_floor", "scale_from_zero"), steps
     await client.close()
+
+
+def holder(lease: str) -> str:
+    return kc.kubectl("get", "lease", "-n", "default", lease, "-o",
+                      "jsonpath={.spec.holderIdentity}", check=False).stdout.strip()
+
+
+async def test_one_autoscaler_leads_and_a_killed_leader_is_replaced_within_seconds(
+        loop: Loop) -> None:
+    """Two autoscalers share the Lease: one acts. kill -9 of it: the other takes the
+    Lease once it expires (3 s) and acts; the endpoint keeps exactly its replicas (a
+    decision sets a count, so one applied again changes nothing)."""
+    second = free_port()
+    loop.env |= {"KESTREL_AUTOSCALER_PORT": str(second),
+                 "KESTREL_AUTOSCALER_ADDR": f"127.0.0.1:{second}"}
+    loop.start("autoscaler")  # procs["autoscaler"] is now the second one
+    b = loop.procs["autoscaler"]
+    a = next(p for p in loop.started if p.name == "autoscaler" and p is not b)
+    lease = loop.env["KESTREL_AUTOSCALER_LEASE"]
+    first = await until("a leader", lambda: _value(holder(lease)), timeout_s=30)
+    pids = {a.proc.pid: a, b.proc.pid: b}  # type: ignore[union-attr]
+    leader = next(p for pid, p in pids.items() if f"-{pid}-" in first)
+    follower = b if leader is a else a
+
+    client = await loop.tenant("10")
+    tenant = loop.tenants[-1]
+    e = await client.create_endpoint("embed", min_replicas=1, max_replicas=2, flavor="cpu")
+    await until("a ready replica", replicas(client, e.endpoint_id, 1, ready=1), timeout_s=180)
+
+    async def decided(addr: str) -> autoscaler_pb2.GetScaleStateResponse | None:
+        async with grpc.aio.insecure_channel(addr) as ch:
+            try:
+                got: autoscaler_pb2.GetScaleStateResponse = await autoscaler_pb2_grpc \
+                    .AutoscalerStub(ch).GetScaleState(autoscaler_pb2.GetScaleStateRequest(
+                        tenant=tenant, endpoint_id=e.endpoint_id))
+            except grpc.aio.AioRpcError:
+                return None
+            return got
+
+    got = await until("the leader's decision", lambda: decided(leader.grpc_address))
+    assert got.reason == "warm_pool_floor" and got.target_replicas == 1
+    assert await decided(follower.grpc_address) is None  # a follower decides nothing
+
+    leader.kill9()
+    t0 = asyncio.get_running_loop().time()
+    after = await until("another leader", lambda: _value(
+        None if holder(lease) in ("", first) else holder(lease)), timeout_s=30)
+    took = asyncio.get_running_loop().time() - t0
+    assert f"-{follower.proc.pid}-" in after  # type: ignore[union-attr]
+    assert took < 10, took
+    got = await until("the new leader's decision", lambda: decided(follower.grpc_address))
+    assert got.target_replicas == 1
+    await asyncio.sleep(2)
+    assert (await client.get_endpoint(e.endpoint_id)).replicas == 1
+    await client.close()
+
+
+async def _value(v: str | None) -> str | None:
+    return v or None

@@ -47,7 +47,7 @@ def test_the_generated_configuration_passes_promtool(tmp_path: Path) -> None:
     assert "8 rules found" in result.stdout + result.stderr
     jobs = {j["job_name"] for j in config["scrape_configs"]}
     assert jobs == {"kestrel-gateway", "kestrel-admission", "kestrel-meter", "kestrel-placer",
-                    "kestrel-model-workers", "kube-apiserver", "kueue"}
+                    "kestrel-autoscaler", "kestrel-model-workers", "kube-apiserver", "kueue"}
     assert json.loads((tmp_path / "targets" / prometheus.WORKERS_FILE).read_text()) == []
     assert (REPO / "deploy" / "prometheus" / "rules").is_dir()
 
