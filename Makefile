@@ -55,8 +55,9 @@ test-e2e: setup ## Against the real Kubernetes data plane (built and started on 
 fuzz: setup ## Every RPC and bus consumer fed hostile input, many examples; prints the fuzz: line
 	KESTREL_FUZZ_EXAMPLES=$${KESTREL_FUZZ_EXAMPLES:-300} $(PY) -m pytest tests/integration/test_fuzz.py -q
 
-test: setup lint ## Lint, then every test tier
-	$(PY) -m pytest tests -q
+test: setup lint ## Lint, then every test tier (the slowest 15 listed: where the time goes), then the console in chromium
+	$(PY) -m pytest tests -q --durations=15
+	$(MAKE) test-console
 
 demo: setup ## Bring up the stack and run the main scenario, ending with a summary table
 	$(PY) -m kestrel.demo $(DEMO_ARGS)
