@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 include cluster/versions.env
 
 .PHONY: help setup proto proto-check buf-lint buf-breaking lint test test-unit \
-        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-jobs bench-infer up down status grpcurl \
+        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-jobs bench-infer bench-autoscale up down status grpcurl \
         devstack-up devstack-down devstack-status clean sim-autoscale
 
 help: ## This list
@@ -70,6 +70,9 @@ bench-gateway: setup ## Submit rate and latency vs the gRPC ceiling of this mach
 
 bench-infer: setup ## Infer end to end (gateway -> Redis -> a worker replica) vs raw onnxruntime here
 	$(PY) -m bench.infer $(BENCH_ARGS)
+
+bench-autoscale: setup ## The autoscaler on the real cluster: scale up/down, cold start, exhaustion
+	$(PY) -m bench.autoscale $(BENCH_ARGS)
 
 bench-jobs: setup ## The whole plane vs bare Kueue on the real cluster; the gate; the ledger vs Kubernetes
 	$(PY) -m bench.jobs $(BENCH_ARGS)
