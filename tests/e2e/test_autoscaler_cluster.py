@@ -198,3 +198,54 @@ async def test_one_autoscaler_leads_and_a_killed_leader_is_replaced_within_secon
 
 async def _value(v: str | None) -> str | None:
     return v or None
+
+
+async def test_a_budget_that_pays_for_one_replica_caps_the_load_until_a_top_up(
+        loop: Loop) -> None:
+    """1 core x 60 s x 0.0005 = 0.03 credits a replica over its horizon; 0.05 credits
+    pay for one, so the load that wants two is held at one (cost_budget_block) for as
+    long as it lasts, and a top-up lets the endpoint grow."""
+    client = await loop.tenant("0.05")
+    tenant = loop.tenants[-1]
+    e = await client.create_endpoint("embed", min_replicas=1, max_replicas=2, flavor="cpu",
+                                     horizon_s=60)
+    await until("the first replica ready", replicas(client, e.endpoint_id, 1, ready=1),
+                timeout_s=180)
+    stop = asyncio.Event()
+
+    async def load() -> None:
+        while not stop.is_set():
+            try:
+                await client.infer(e.endpoint_id, TEXTS, timeout_s=10)
+            except KestrelError:
+                await asyncio.sleep(0.2)
+
+    async def reason() -> str:
+        async with grpc.aio.insecure_channel(loop.env["KESTREL_AUTOSCALER_ADDR"]) as ch:
+            try:
+                got = await autoscaler_pb2_grpc.AutoscalerStub(ch).GetScaleState(
+                    autoscaler_pb2.GetScaleStateRequest(tenant=tenant,
+                                                        endpoint_id=e.endpoint_id))
+            except grpc.aio.AioRpcError:
+                return ""
+            return str(got.reason)
+
+    async def blocked() -> str | None:
+        r = await reason()
+        return r if r == "cost_budget_block" else None
+
+    clients = [asyncio.create_task(load()) for _ in range(6)]
+    try:
+        await until("the cost block under load", blocked, timeout_s=60)
+        for _ in range(10):  # while the load lasts, the budget holds it at one
+            await asyncio.sleep(0.5)
+            assert (await client.get_endpoint(e.endpoint_id)).replicas == 1
+        async with loop.operator() as op:
+            await op.top_up(tenant, "10")
+        grown = await until("a second replica after the top-up",
+                            replicas(client, e.endpoint_id, 2), timeout_s=120)
+    finally:
+        stop.set()
+        await asyncio.gather(*clients)
+    assert grown.replicas == 2
+    await client.close()
