@@ -6,12 +6,21 @@ and what makes a replica ready. Payloads are kestrel.v1.Worker* messages (worker
 - `kestrel:gw:<gateway>:replies`: the stream of one gateway process; field `m` holds a
   WorkerReply. One reader task per gateway resolves the waiting calls.
 - `kestrel:ep:<endpoint>:replicas`: a hash, field per replica, a WorkerHeartbeat.
+
+And what one replica of an endpoint holds, which the gateway (admitting replicas)
+and the autoscaler (pricing them) must agree on: `units_of`, `horizon_of`.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+from typing import TYPE_CHECKING
+
+from kestrel.workloads import CPU_FLAVOR
+
+if TYPE_CHECKING:
+    from kestrel.v1 import common_pb2
 
 GROUP = "workers"
 FIELD = b"m"
@@ -62,3 +71,17 @@ def reply_stream(gateway_id: str) -> str:
 def heartbeat_fresh(time_us: int, now_us: int, heartbeat_s: float) -> bool:
     """A replica is ready while its last heartbeat is under three intervals old."""
     return now_us - time_us <= int(3 * heartbeat_s * 1e6)
+
+
+# An endpoint that names no horizon reserves ten minutes of its replicas.
+DEFAULT_HORIZON_S = 600
+
+
+def units_of(spec: common_pb2.EndpointSpec) -> int:
+    """What one replica holds: a core of the CPU pool, or its GPUs on a GPU flavor."""
+    return 1 if spec.flavor == CPU_FLAVOR else max(1, spec.gpus_per_replica)
+
+
+def horizon_of(spec: common_pb2.EndpointSpec) -> int:
+    """Seconds of spend each replica holds as its rolling reservation."""
+    return int(spec.reservation_horizon_s or DEFAULT_HORIZON_S)

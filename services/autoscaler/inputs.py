@@ -13,12 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from kestrel.endpoints import Priority
+from kestrel.endpoints import Priority, horizon_of, units_of
 from kestrel.v1 import common_pb2
 from kestrel.workloads import CPU_FLAVOR
 from services.autoscaler.core import ScaleInputs, ScalePolicy
-
-DEFAULT_HORIZON_S = 600  # as the gateway's (services/gateway/replicas.py)
 
 
 @dataclass(frozen=True)
@@ -50,15 +48,11 @@ def policy_of(spec: common_pb2.EndpointSpec, w: Windows) -> ScalePolicy:
         target_queue_depth=spec.target_queue_depth or ScalePolicy.target_queue_depth,
         replica_rps=w.replica_rps,
         target_p95_ms=float(spec.target_p95_ms or ScalePolicy.target_p95_ms),
-        horizon_s=int(spec.reservation_horizon_s or DEFAULT_HORIZON_S),
+        horizon_s=horizon_of(spec),
         stable_window_s=w.stable_window_s, panic_window_s=min(w.panic_window_s,
                                                               w.stable_window_s),
         panic_threshold=w.panic_threshold, scale_up_cooldown_s=w.scale_up_cooldown_s,
         scale_down_cooldown_s=float(spec.cooldown_s or w.scale_down_cooldown_s))
-
-
-def units_of(spec: common_pb2.EndpointSpec) -> int:
-    return 1 if spec.flavor == CPU_FLAVOR else max(1, spec.gpus_per_replica)
 
 
 def replica_price(spec: common_pb2.EndpointSpec, prices: Mapping[str, Decimal]) -> Decimal:

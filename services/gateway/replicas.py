@@ -9,7 +9,8 @@ long as it runs (kestrel/budget.py Hold.rolling), so a tenant can never start mo
 replicas than its remaining budget covers for the endpoint's horizon, and when the
 budget is spent the runway check deactivates them like any running work.
 
-Pure parts (`replica_spec`, `units_of`, `horizon_of`) are separate from the calls.
+Pure parts (`replica_spec`; `units_of`, `horizon_of` from kestrel.endpoints, shared
+with the autoscaler) are separate from the calls.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from kestrel.endpoints import DEFAULT_HORIZON_S as DEFAULT_HORIZON_S
+from kestrel.endpoints import horizon_of as horizon_of
+from kestrel.endpoints import units_of as units_of
 from kestrel.v1 import (
     admission_pb2,
     admission_pb2_grpc,
@@ -28,22 +32,8 @@ from kestrel.v1 import (
     placer_pb2,
     placer_pb2_grpc,
 )
-from kestrel.workloads import CPU_FLAVOR
 
 log = logging.getLogger("kestrel.gateway.replicas")
-
-# An endpoint that names no horizon reserves ten minutes of its replicas.
-DEFAULT_HORIZON_S = 600
-
-
-def units_of(spec: common_pb2.EndpointSpec) -> int:
-    """What one replica holds: a core of the CPU pool, or its GPUs on a GPU flavor."""
-    return 1 if spec.flavor == CPU_FLAVOR else max(1, spec.gpus_per_replica)
-
-
-def horizon_of(spec: common_pb2.EndpointSpec) -> int:
-    return spec.reservation_horizon_s or DEFAULT_HORIZON_S
-
 
 def replica_spec(endpoint_id: str, spec: common_pb2.EndpointSpec,
                  index: int) -> common_pb2.JobSpec:
