@@ -49,6 +49,8 @@ _STATE_OF: dict[int, JobState] = {
     EventType.EVICTED: JobState.EVICTED, EventType.FAILED: JobState.FAILED,
     EventType.CANCELLED: JobState.CANCELLED, EventType.QUEUED: JobState.QUEUED}
 
+_KNOWN_EVENTS = frozenset(int(e) for e in EventType)
+
 # (row, previous state or None for a new job, whether it was just admitted)
 Publisher = Callable[[JobRow, JobState | None], Awaitable[None]]
 
@@ -260,6 +262,8 @@ class Admission:
         b = self.book(tenant)
         live = [JobState.ADMITTED, JobState.QUEUED, JobState.RUNNING]
         target = _STATE_OF.get(kind)
+        if kind not in _KNOWN_EVENTS:  # a newer placer's event type: nothing to follow
+            return None
         async with b.lock:
             if not EventType(kind).informational:
                 # Only Kueue's admission (or a close) means the meter may hold an
