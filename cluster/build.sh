@@ -12,6 +12,7 @@
 #        (default: all).  Env: KESTREL_CACHE (default ~/.cache/kestrel),
 #        KESTREL_BUILD_JOBS (go build -p, default 2).
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(...) stops the build too (prepare_kube_module)
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
@@ -145,10 +146,13 @@ prepare_kube_module() {
     done < <(awk '$2 == "=>" && $3 ~ /^\.\/staging\/src\// {print $1}' "$gomod")
     log "kubernetes $KUBE_VERSION: ${#edits[@]} staging modules replaced with $KUBE_STAGING_VERSION" >&2
     (cd "$dir" && go mod edit "-require=k8s.io/kubernetes@$KUBE_VERSION" "${edits[@]}")
-    (cd "$dir" && go get "k8s.io/kubernetes@$KUBE_VERSION" \
-        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-        k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
-        k8s.io/kubernetes/cmd/kubelet >&2)
+    # Each package at the pinned version: a bare package path means @upgrade, which
+    # conflicts with the pin as soon as the registry serves a newer Kubernetes.
+    local pkgs=() c
+    for c in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do
+        pkgs+=("k8s.io/kubernetes/cmd/$c@$KUBE_VERSION")
+    done
+    (cd "$dir" && go get "k8s.io/kubernetes@$KUBE_VERSION" "${pkgs[@]}" >&2)
     touch "$dir/.ready"
     echo "$dir"
 }
