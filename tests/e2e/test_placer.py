@@ -93,6 +93,9 @@ class Events:
         self.items: list[tuple[str, events_pb2.WorkloadEvent]] = []
         self.subjects: list[str] = []
         self.arrived: list[float] = []  # monotonic arrival time of each item
+        # Called with each event as it arrives, before the test's next poll: what has to
+        # happen at an exact point of the stream (a kill -9 mid-burst) happens there.
+        self.on_event: Callable[[events_pb2.WorkloadEvent], None] | None = None
 
     async def start(self, js: JetStreamContext) -> None:
         async def on_msg(msg: Msg) -> None:
@@ -100,6 +103,8 @@ class Events:
             self.items.append((msg_id, events_pb2.WorkloadEvent.FromString(msg.data)))
             self.subjects.append(msg.subject)
             self.arrived.append(time.monotonic())
+            if self.on_event is not None:
+                self.on_event(self.items[-1][1])
 
         await js.subscribe("kestrel.workload.>", cb=on_msg, ordered_consumer=True,
                            deliver_policy=DeliverPolicy.ALL)
@@ -361,12 +366,24 @@ async def test_a_restarted_placer_places_what_its_predecessor_had_in_flight_at_o
         return [at for (_, e), at in zip(harness.events.items, harness.events.arrived,
                                          strict=True) if e.type == QUEUED]
 
-    await wait_for("the first placements", lambda: len(placed()) >= 5)
+    killed: list[float] = []
+
+    def kill_at_the_fifth(event: events_pb2.WorkloadEvent) -> None:
+        # In the subscription callback, not at the next poll: a poll can come late enough
+        # on a loaded machine that the first placer has placed all n, leaving nothing in
+        # flight to hand over (CI saw that once).
+        if not killed and event.type == QUEUED and len(placed()) >= 5:
+            proc.kill9()
+            killed.append(time.monotonic())
+
+    harness.events.on_event = kill_at_the_fifth
+    await wait_for("the first placements and the kill -9", lambda: killed)
+    harness.events.on_event = None
     before = placed()
     rate_before = (len(before) - 1) / max(before[-1] - before[0], 1e-3)
-    proc.kill9()
-    killed_at, done_before = time.monotonic(), len({e.workload_id for _, e in
-                                                     harness.events.items if e.type == QUEUED})
+    killed_at, done_before = killed[0], len({e.workload_id for _, e in
+                                              harness.events.items if e.type == QUEUED})
+    assert done_before < n, "the first placer placed every job before it was killed"
     harness.start(KESTREL_PLACER_ACK_WAIT_S=str(ACK_WAIT))
     ready_at = time.monotonic()
     await wait_for("every job placed", lambda: len({e.workload_id for _, e in
