@@ -1,13 +1,17 @@
 """make bench-infer: the Infer path against raw onnxruntime on this machine.
 
-  (a) the limit: raw onnxruntime (the worker's own Embedder, its intra-op threads) on
-      the same short texts at batch sizes 8..64; the best size's rate is the limit,
-      measured in windows that alternate with the end-to-end ones (this machine's speed
-      moves with what else runs on it);
-  (b) end to end: gateway -> Redis -> one worker replica (a host process; replicas are
-      not placed by Kubernetes yet) -> gateway, with concurrent SDK clients
-      (kestrel.AsyncClient) sending requests of 8 short texts back to back (saturation),
-      then an open loop at half of that request rate: p50/p99, completed, failed.
+  (a) the limit: raw onnxruntime (the worker's own Embedder, in a replica's settings:
+      one intra-op thread per core it holds, one on the CPU pool) on the same short
+      texts at batch sizes 8..64; the best size's rate is the limit, measured in
+      windows that alternate with the end-to-end ones (this machine's speed moves with
+      what else runs on it);
+  (b) end to end: gateway -> Redis -> one worker replica -> gateway, the replica a pod
+      of the Kestrel image that Kueue admitted on the `cpu` flavor and the real kubelet
+      (node kestrel-cpu-0) runs under its one-core limit; the whole plane (meter,
+      gateway, admission, placer) on the real control plane. Concurrent SDK clients
+      (kestrel.AsyncClient) send requests of 8 short texts back to back (saturation),
+      then an open loop at half of that request rate: p50/p99, completed, failed; and
+      a row for single-text requests.
 
 Last line: infer: texts_per_request=8 raw_emb_per_s=.. e2e_emb_per_s=.. ratio=.. p50_ms=..
 p99_ms=.. completed=.. failed=..
@@ -17,20 +21,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import sys
 import time
 
-import grpc
 from rich.console import Console
 from rich.table import Table
 
 import kestrel
-from kestrel.devstack import Stack, free_port, port_map
+from kestrel import cluster
+from kestrel.devstack import Stack, port_map
+from kestrel.endpoints import units_of
 from kestrel.procs import REPO, ServiceProcess
 from kestrel.sdk import KestrelError
-from kestrel.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from kestrel.v1 import common_pb2
+from kestrel.workloads import CPU_FLAVOR
 from services.worker.model import Embedder, load
 
 console = Console(stderr=True)
@@ -72,10 +77,16 @@ def raw_rate_at(embedder: Embedder, size: int, seconds: float) -> float:
     return n / (time.perf_counter() - t0)
 
 
+NAMES = ("meter", "gateway", "admission", "placer")
+
+
 async def run(clients: int, seconds: float, keep: bool) -> int:
-    threads = int(os.environ.get("KESTREL_WORKER_THREADS", "2"))
-    console.print(f"[bold]bench-infer[/bold]: (a) raw onnxruntime, {threads} intra-op threads")
-    embedder = load(intra_op_threads=threads)
+    # A CPU replica holds one core and runs the worker with one intra-op thread per core
+    # (services/placer/manifests.py): the limit is measured in those settings.
+    cores = units_of(common_pb2.EndpointSpec(flavor=CPU_FLAVOR))
+    console.print(f"[bold]bench-infer[/bold]: (a) raw onnxruntime, {cores} intra-op "
+                  f"thread(s), as a {cores}-core CPU replica runs it")
+    embedder = load(intra_op_threads=cores)
     rates: dict[int, float] = {}
     for size in (8, 16, 32, 64):
         rates[size] = await asyncio.to_thread(raw_rate_at, embedder, size, 3.0)
@@ -84,63 +95,65 @@ async def run(clients: int, seconds: float, keep: bool) -> int:
     raw_runs: list[float] = []
     e2e_runs: list[float] = []
 
+    was_up = await asyncio.to_thread(cluster.is_up)
+    info = await asyncio.to_thread(cluster.ensure_cluster,
+                                   lambda m: console.print(f"  [dim]cluster[/dim] {m}"))
     root = REPO / ".run" / "bench-infer"
     shutil.rmtree(root, ignore_errors=True)
     stack = Stack(root, durable=True)
-    console.print(f"(b) end to end: devstack in {root}")
+    console.print(f"(b) end to end: devstack in {root}, the plane on the real cluster")
     await asyncio.to_thread(stack.up)
-    ports = port_map("meter", "gateway", "admission")
+    ports = port_map(*NAMES)
     env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
-           "KESTREL_RUNWAY_CHECK": "", "KESTREL_PLACER_ADDR": "",
-           "KESTREL_METER_ADDR": f"127.0.0.1:{ports['meter']}",
-           "KESTREL_ADMISSION_ADDR": f"127.0.0.1:{ports['admission']}",
+           "KESTREL_KUBECONFIG": str(info.kubeconfig),
+           "KESTREL_PRICES": "gpu-h100=0.01,gpu-a10=0.001,cpu=0.0005",
            **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
-           "KESTREL_METER_METRICS_PORT": "0", "KESTREL_ADMISSION_METRICS_PORT": "0",
-           "KESTREL_GATEWAY_METRICS_PORT": "0"}
+           **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in ports.items()},
+           **{f"KESTREL_{n.upper()}_METRICS_PORT": "0" for n in ports}}
     procs = [ServiceProcess(n, env, f"127.0.0.1:{ports[n]}", root / f"{n}.log")
-             for n in ("meter", "gateway", "admission")]
+             for n in NAMES]
     sat_lat: list[float] = []
     lat: list[float] = []
+    single: dict[str, float] = {}
     failed = completed = 0
     e2e_rate = 0.0
+    node = ""
     try:
         for p in procs:
             await asyncio.to_thread(p.start)
         gw = f"127.0.0.1:{ports['gateway']}"
-        async with grpc.aio.insecure_channel(gw) as ch:
-            stub = gateway_pb2_grpc.GatewayStub(ch)
-            await stub.CreateTenant(gateway_pb2.CreateTenantRequest(
-                tenant=gateway_pb2.Tenant(tenant="bench", rate_limit=gateway_pb2.RateLimit(
-                    per_s=100_000, burst=100_000)), initial_credits="100"), metadata=OP)
-            key = (await stub.CreateApiKey(gateway_pb2.CreateApiKeyRequest(
-                tenant="bench", name="bench"), metadata=OP)).secret
-            md = (("authorization", f"Bearer {key}"),)
-            endpoint = (await stub.CreateEndpoint(gateway_pb2.CreateEndpointRequest(
-                spec=common_pb2.EndpointSpec(name="bench")), metadata=md)).endpoint.endpoint_id
-        wport = free_port()
-        worker = ServiceProcess("worker", {
-            **env, "KESTREL_WORKER_ENDPOINT": endpoint, "KESTREL_WORKER_TENANT": "bench",
-            "KESTREL_WORKER_PORT": str(wport), "KESTREL_WORKER_METRICS_PORT": "0",
-            "KESTREL_WORKER_MAX_BATCH": str(max(best, 32))},
-            f"127.0.0.1:{wport}", root / "worker.log")
-        procs.append(worker)
-        await asyncio.to_thread(worker.start)
+        async with kestrel.AsyncClient(gw, operator_token=TOKEN) as op:
+            await op.create_tenant("bench", gpu_quota={}, rate_per_s=100_000, burst=100_000,
+                                   initial_credits="100")
+            key = (await op.create_api_key("bench", "bench")).secret
+        async with kestrel.AsyncClient(gw, api_key=key) as c:
+            t0 = time.monotonic()
+            ep = await c.create_endpoint("bench", min_replicas=1, max_replicas=1,
+                                         flavor=CPU_FLAVOR, horizon_s=600)
+            endpoint = ep.endpoint_id
+            while (await c.get_endpoint(endpoint)).ready_replicas < 1:
+                if time.monotonic() - t0 > 240:
+                    raise TimeoutError("bench-infer: no ready replica after 240 s")
+                await asyncio.sleep(0.2)
+        node = await asyncio.to_thread(pod_node, endpoint)
+        console.print(f"    replica ready in {time.monotonic() - t0:.1f} s: a pod on {node}")
 
         sdk = [kestrel.AsyncClient(gw, api_key=key) for _ in range(4)]
         counter = 0
         parts: list[tuple[float, float]] = []  # (queue_ms, batch model ms) per reply
 
-        async def call(i: int) -> float:
+        async def call(i: int, size: int = TEXTS_PER_REQUEST) -> float:
             nonlocal counter
             counter += 1
-            texts = sentences(TEXTS_PER_REQUEST, counter * TEXTS_PER_REQUEST)
+            texts = sentences(size, counter * TEXTS_PER_REQUEST)
             t = time.perf_counter()
             r = await sdk[i % 4].infer(endpoint, texts, timeout_s=10)
-            assert len(r.embeddings) == TEXTS_PER_REQUEST
+            assert len(r.embeddings) == size
             parts.append((r.queue_ms, r.latency_ms))
             return (time.perf_counter() - t) * 1000
 
-        async def closed(secs: float) -> tuple[int, int, float]:
+        async def closed(secs: float, size: int = TEXTS_PER_REQUEST,
+                         into: list[float] = sat_lat) -> tuple[int, int, float]:
             ok = err = 0
             end = time.perf_counter() + secs
 
@@ -148,7 +161,7 @@ async def run(clients: int, seconds: float, keep: bool) -> int:
                 nonlocal ok, err
                 while time.perf_counter() < end:
                     try:
-                        sat_lat.append(await call(i))
+                        into.append(await call(i, size))
                         ok += 1
                     except KestrelError as exc:
                         err += 1
@@ -205,18 +218,32 @@ async def run(clients: int, seconds: float, keep: bool) -> int:
         model_p50 = pct([m for _, m in parts], 0.5)
         console.print(f"    p50 {pct(lat, 0.5):.1f} ms = queue {queue_p50:.1f} + batch "
                       f"{model_p50:.1f} + the rest; p99 {pct(lat, 0.99):.1f} ms")
+
+        one_lat: list[float] = []
+        console.print(f"    single-text requests: {clients} SDK clients, "
+                      f"{seconds / ROUNDS:.0f}s")
+        ok, err, took = await closed(seconds / ROUNDS, 1, one_lat)
+        failed += err
+        single = {"emb_per_s": ok / took, "p50": pct(one_lat, 0.5), "p99": pct(one_lat, 0.99)}
         for c in sdk:
             await c.close()
     finally:
         for p in reversed(procs):
             p.stop()
         if not keep:
+            await asyncio.to_thread(cluster.kubectl, "delete", "namespace", "kestrel-bench",
+                                    "--wait=false", "--ignore-not-found", check=False)
+            await asyncio.to_thread(cluster.kubectl, "delete", "clusterqueue",
+                                    "kestrel-bench", "--ignore-not-found", check=False)
             await asyncio.to_thread(stack.destroy)
+            if not was_up:
+                await asyncio.to_thread(cluster.down, lambda m: None)
 
     raw_rate = sum(raw_runs) / len(raw_runs) if raw_runs else 0.0
     ratio = e2e_rate / raw_rate if raw_rate else 0.0
     p50, p99 = pct(lat, 0.5), pct(lat, 0.99)
-    table = Table(title="bench-infer (2 cores; clients, gateway, Redis, worker on one machine)")
+    table = Table(title=f"bench-infer (2 cores; clients, gateway, Redis on the host, one "
+                        f"{cores}-core replica pod on {node or 'the real kubelet'})")
     for col in ("figure", "value", "target"):
         table.add_column(col)
     for size, r in rates.items():
@@ -232,12 +259,24 @@ async def run(clients: int, seconds: float, keep: bool) -> int:
     table.add_row("saturation p50 / p99", f"{pct(sat_lat, 0.5):.0f} / "
                   f"{pct(sat_lat, 0.99):.0f} ms", "")
     table.add_row("half-rate p50 / p99", f"{p50:.1f} / {p99:.1f} ms", "p99 <= 250 ms")
+    if single:
+        table.add_row(f"single-text requests, {clients} SDK clients",
+                      f"{single['emb_per_s']:,.0f} emb/s; p50 / p99 {single['p50']:.0f} / "
+                      f"{single['p99']:.0f} ms", "")
     table.add_row("completed / failed", f"{completed} / {failed}", "failed = 0")
-    Console().print(table)
+    Console(width=120).print(table)
     print(f"infer: texts_per_request={TEXTS_PER_REQUEST} raw_emb_per_s={raw_rate:.0f} "
           f"e2e_emb_per_s={e2e_rate:.0f} ratio={ratio:.2f} p50_ms={p50:.1f} "
           f"p99_ms={p99:.1f} completed={completed} failed={failed}")
     return 0 if failed == 0 else 1
+
+
+def pod_node(endpoint_id: str) -> str:
+    """The node the endpoint's replica pod runs on (kubectl get pods -o wide)."""
+    out = cluster.kubectl("get", "pods", "-n", "kestrel-bench", "-l",
+                          f"kestrel.dev/endpoint={endpoint_id}", "-o",
+                          "jsonpath={.items[*].spec.nodeName}", check=True).stdout
+    return str(out).strip() or "?"
 
 
 def main() -> None:
