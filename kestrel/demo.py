@@ -30,10 +30,12 @@ import argparse
 import asyncio
 import os
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 
 import asyncpg
 import grpc
@@ -474,6 +476,7 @@ async def main_async(keep: bool) -> int:
             if prom is not None:
                 console.print(f"prometheus {prom.url} (stop it: python -m kestrel.prometheus "
                               f"down --dir {prom.root})")
+            console.print(console_line(env, root))
         else:
             if prom is not None:
                 await asyncio.to_thread(prom.down)
@@ -483,6 +486,27 @@ async def main_async(keep: bool) -> int:
             await asyncio.to_thread(stack.destroy)
             if not was_up:
                 await asyncio.to_thread(cluster.down, lambda s: None)
+
+
+def console_line(env: dict[str, str], root: Path) -> str:
+    """The operator console on what --keep left running: started here when it has been
+    built (`make console` or `make test` builds it; the demo itself does not need it),
+    else the command that builds and starts it."""
+    names = ("GATEWAY", "METER", "ADMISSION", "AUTOSCALER")
+    wiring = {f"KESTREL_{n}_ADDR": env[f"KESTREL_{n}_ADDR"] for n in names}
+    wiring["KESTREL_OPERATOR_TOKEN"] = env["KESTREL_OPERATOR_TOKEN"]
+    port = os.environ.get("KESTREL_CONSOLE_PORT", "3000")
+    app = REPO / "console"
+    if (app / ".next" / "BUILD_ID").exists():
+        log = (root / "console.log").open("ab")
+        proc = subprocess.Popen(
+            [str(app / "node_modules" / ".bin" / "next"), "start", "-H", "127.0.0.1", "-p", port],
+            cwd=app, env={**os.environ, **wiring}, stdout=log, stderr=log,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        return (f"console: http://127.0.0.1:{port} (next start, pid {proc.pid}, log "
+                f"{root / 'console.log'}; stop it: kill {proc.pid})")
+    return (f"console: http://127.0.0.1:{port} once started with\n  "
+            + " ".join(f"{k}={v}" for k, v in wiring.items()) + " make console")
 
 
 def cleanup_tenants(tenants: list[str]) -> None:

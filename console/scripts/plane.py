@@ -11,6 +11,9 @@ gateway and admission, with a random operator token. Then, through the public AP
 - tiny:  1 credit; a 1 GPU x 100 s job reserves all of it, a second job is HELD.
 - live:  50 credits; a job admitted and left running: an open allocation the meter cuts
          into rows every tick, so the runway falls while you watch.
+- acme also has an endpoint `embed` on gpu-a10 (0..3 replicas, no load): the autoscaler
+  (no Kubernetes lease: the only one) decides it stays at zero; with no placer none runs
+  (nor would one be simulated: without a cluster replicas are host processes).
 
 Prints one JSON line (addresses, token, tenants, job ids), then runs until SIGTERM,
 SIGINT or end of stdin, and tears everything down. No Kubernetes, no placer.
@@ -78,6 +81,10 @@ async def seed(gateway: str, nats_url: str, token: str) -> dict[str, object]:
         held = await submit(tiny, "waits", 50)
         assert held.state == common_pb2.JOB_STATE_HELD, held
         running = await submit(live, "serve", 3600)
+        # No placer here: the endpoint is recorded with no replica (none is started).
+        endpoint = (await gw.CreateEndpoint(gateway_pb2.CreateEndpointRequest(
+            spec=common_pb2.EndpointSpec(name="embed", flavor="gpu-a10", min_replicas=0,
+                                         max_replicas=3)), metadata=acme)).endpoint
 
     nc = await bus.connect(nats_url, "console-seed")
     js = nc.jetstream()
@@ -96,7 +103,7 @@ async def seed(gateway: str, nats_url: str, token: str) -> dict[str, object]:
     return {"tenants": ["acme", "tiny", "live"],
             "jobs": {"acme": trained.job_id, "tiny_admitted": first.job_id,
                      "tiny_held": held.job_id, "live": running.job_id},
-            "held_reason": held.reason}
+            "held_reason": held.reason, "endpoint": endpoint.endpoint_id}
 
 
 def main() -> int:
@@ -112,7 +119,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         stack.up()
-        ports = port_map("meter", "gateway", "admission")
+        ports = port_map("meter", "gateway", "admission", "autoscaler")
         addr = {n: f"127.0.0.1:{p}" for n, p in ports.items()}
         token = f"kso_{secrets.token_hex(16)}"
         env = {**stack.service_dsns(), **stack.service_nats_urls(),
@@ -124,13 +131,15 @@ def main() -> int:
                "KESTREL_PRICES": PRICES, "KESTREL_METER_TICK_S": args.tick_s,
                "KESTREL_METER_SETTLE_US": "0",
                # No Kubernetes here: no runway check, no placer (as tests/conftest.py's Plane).
-               "KESTREL_RUNWAY_CHECK": "", "KESTREL_PLACER_ADDR": ""}
-        for name in ("meter", "gateway", "admission"):
+               "KESTREL_RUNWAY_CHECK": "", "KESTREL_PLACER_ADDR": "",
+               "KESTREL_GATEWAY_ADDR": addr["gateway"], "KESTREL_KUBECONFIG": ""}
+        for name in ("meter", "gateway", "admission", "autoscaler"):
             procs.append(ServiceProcess(name, env, addr[name], root / f"{name}.log").start())
         seeded = asyncio.run(seed(addr["gateway"], stack.nats_url, token))
         print(json.dumps({"KESTREL_GATEWAY_ADDR": addr["gateway"],
                           "KESTREL_METER_ADDR": addr["meter"],
                           "KESTREL_ADMISSION_ADDR": addr["admission"],
+                          "KESTREL_AUTOSCALER_ADDR": addr["autoscaler"],
                           "KESTREL_OPERATOR_TOKEN": token, "logs": str(root), **seeded}),
                          flush=True)
 

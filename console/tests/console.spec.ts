@@ -88,7 +88,7 @@ test("a held job shows the runway check's reason", async ({ page }) => {
   const { jobs, held_reason } = plane();
   for (const path of ["/jobs", "/tenants/tiny"]) {
     await page.goto(url(path));
-    const row = page.getByTestId(`job-${jobs.tiny_held}`);
+    const row = page.getByTestId("held-jobs").getByTestId(`job-${jobs.tiny_held}`);
     await expect(row.getByTestId("state")).toHaveText("HELD");
     await expect(row.getByTestId("reason")).toHaveText(held_reason);
     await expect(row.getByTestId("reason")).toContainText("held until");
@@ -105,4 +105,33 @@ test("a top-up shows on the open page without a reload", async ({ page }) => {
   await expect.poll(async () => parseDec((await page.getByTestId("credits").textContent())!).toString(),
     { timeout: 10_000 }).toBe(want);
   expect(await page.evaluate(() => (window as unknown as { mark?: number }).mark)).toBe(42);
+});
+
+test("an endpoint shows its replicas, why none is ready, and the autoscaler's decision", async ({ page }) => {
+  const { endpoint } = plane();
+  await page.goto(url("/endpoints"));
+  const row = page.getByTestId(`endpoint-${endpoint}`);
+  await expect(row).toContainText("acme");
+  await expect(row).toContainText("embed");
+  // A GPU flavor, but this plane has no cluster: its replicas would be host processes
+  // started by hand, not KWOK pods with stand-ins, so nothing is labelled simulated.
+  await expect(row.getByTestId("simulated")).toHaveCount(0);
+  await expect(row.getByTestId("replicas")).toContainText("0 (0)");
+  await expect(row.getByTestId("replicas")).toContainText("replicas are host processes");
+  // The plane's autoscaler decides within a few of its 1 s cycles (once it has seen acme's
+  // runway); the page picks that up on a live refresh. No load, minimum 0: it stays at 0.
+  await expect(row.getByTestId("scale-reason")).toHaveText(/^hold/, { timeout: 20_000 });
+  await expect(row.getByTestId("target")).toHaveText("0");
+});
+
+test("the jobs view lists every tenant's jobs in every state", async ({ page }) => {
+  const { jobs, held_reason } = plane();
+  await page.goto(url("/jobs"));
+  const all = page.getByTestId("all-jobs");
+  for (const id of Object.values(jobs)) await expect(all.getByTestId(`job-${id}`)).toHaveCount(1);
+  await expect(all.getByTestId(`job-${jobs.tiny_held}`).getByTestId("state")).toHaveText("HELD");
+  await expect(all.getByTestId(`job-${jobs.tiny_held}`).getByTestId("reason")).toHaveText(held_reason);
+  await expect(all.getByTestId(`job-${jobs.tiny_admitted}`).getByTestId("state")).toHaveText("ADMITTED");
+  // The seeded finish event (the placer's, published by the plane) reached admission.
+  await expect(all.getByTestId(`job-${jobs.acme}`).getByTestId("state")).toHaveText("SUCCEEDED");
 });

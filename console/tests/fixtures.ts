@@ -7,7 +7,7 @@ export const REPO = path.resolve(__dirname, "..", "..");
 export const SCREENS = path.resolve(__dirname, "..", "test-results", "screens");
 
 export type PlaneEnv = {
-  KESTREL_METER_ADDR: string; tenants: string[]; held_reason: string;
+  KESTREL_METER_ADDR: string; tenants: string[]; held_reason: string; endpoint: string;
   jobs: { acme: string; tiny_admitted: string; tiny_held: string; live: string };
 };
 

@@ -54,6 +54,7 @@ export default async function globalSetup() {
     KESTREL_GATEWAY_ADDR: String(env.KESTREL_GATEWAY_ADDR),
     KESTREL_METER_ADDR: String(env.KESTREL_METER_ADDR),
     KESTREL_ADMISSION_ADDR: String(env.KESTREL_ADMISSION_ADDR),
+    KESTREL_AUTOSCALER_ADDR: String(env.KESTREL_AUTOSCALER_ADDR),
     KESTREL_OPERATOR_TOKEN: String(env.KESTREL_OPERATOR_TOKEN),
   };
   const next = spawn(path.join(ROOT, "node_modules/.bin/next"), ["start", "-H", "127.0.0.1", "-p", String(port)],

@@ -1111,6 +1111,61 @@ class ListAllEndpointsResponse(_message.Message):
 Global___ListAllEndpointsResponse: _TypeAlias = ListAllEndpointsResponse  # noqa: Y015
 
 @_typing.final
+class ListAllJobsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    STATES_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """Only this tenant's (empty: every tenant's)."""
+    page_size: _builtins.int
+    page_token: _builtins.str
+    @_builtins.property
+    def states(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.JobState.ValueType]:
+        """Only jobs in these states when not empty."""
+
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        states: _abc.Iterable[_common_pb2.JobState.ValueType] | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "states", b"states", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAllJobsRequest: _TypeAlias = ListAllJobsRequest  # noqa: Y015
+
+@_typing.final
+class ListAllJobsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOBS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Job]: ...
+    def __init__(
+        self,
+        *,
+        jobs: _abc.Iterable[_common_pb2.Job] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAllJobsResponse: _TypeAlias = ListAllJobsResponse  # noqa: Y015
+
+@_typing.final
 class GatewayScaleEndpointRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

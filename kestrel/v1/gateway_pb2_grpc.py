@@ -151,6 +151,11 @@ class GatewayStub:
                 request_serializer=kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointRequest.SerializeToString,
                 response_deserializer=kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointResponse.FromString,
                 _registered_method=True)
+        self.ListAllJobs = channel.unary_unary(
+                '/kestrel.v1.Gateway/ListAllJobs',
+                request_serializer=kestrel_dot_v1_dot_gateway__pb2.ListAllJobsRequest.SerializeToString,
+                response_deserializer=kestrel_dot_v1_dot_gateway__pb2.ListAllJobsResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -309,6 +314,14 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAllJobs(self, request, context):
+        """Operator: every tenant's jobs (or one tenant's), in any state, in submission order:
+        what the console's jobs view lists (held ones carry the runway check's reason).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -426,6 +439,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.ScaleEndpoint,
                     request_deserializer=kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointRequest.FromString,
                     response_serializer=kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointResponse.SerializeToString,
+            ),
+            'ListAllJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAllJobs,
+                    request_deserializer=kestrel_dot_v1_dot_gateway__pb2.ListAllJobsRequest.FromString,
+                    response_serializer=kestrel_dot_v1_dot_gateway__pb2.ListAllJobsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1051,6 +1069,33 @@ class Gateway:
             '/kestrel.v1.Gateway/ScaleEndpoint',
             kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointRequest.SerializeToString,
             kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAllJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kestrel.v1.Gateway/ListAllJobs',
+            kestrel_dot_v1_dot_gateway__pb2.ListAllJobsRequest.SerializeToString,
+            kestrel_dot_v1_dot_gateway__pb2.ListAllJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,

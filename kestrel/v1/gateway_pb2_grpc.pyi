@@ -73,6 +73,10 @@ class GatewayStub:
     new replica is admitted against the budget (rolling hold) and placed like a job;
     surplus ones are cancelled, newest first.
     """
+    ListAllJobs: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListAllJobsRequest, _gateway_pb2.ListAllJobsResponse]
+    """Operator: every tenant's jobs (or one tenant's), in any state, in submission order:
+    what the console's jobs view lists (held ones carry the runway check's reason).
+    """
 
 @_typing.type_check_only
 class GatewayAsyncStub(GatewayStub):
@@ -118,6 +122,10 @@ class GatewayAsyncStub(GatewayStub):
     """Operator: set an endpoint's replica count. The autoscaler's one write path: each
     new replica is admitted against the budget (rolling hold) and placed like a job;
     surplus ones are cancelled, newest first.
+    """
+    ListAllJobs: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListAllJobsRequest, _gateway_pb2.ListAllJobsResponse]  # type: ignore[assignment]
+    """Operator: every tenant's jobs (or one tenant's), in any state, in submission order:
+    what the console's jobs view lists (held ones carry the runway check's reason).
     """
 
 class GatewayServicer(metaclass=_abc_1.ABCMeta):
@@ -299,6 +307,16 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         """Operator: set an endpoint's replica count. The autoscaler's one write path: each
         new replica is admitted against the budget (rolling hold) and placed like a job;
         surplus ones are cancelled, newest first.
+        """
+
+    @_abc_1.abstractmethod
+    def ListAllJobs(
+        self,
+        request: _gateway_pb2.ListAllJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.ListAllJobsResponse, _abc.Awaitable[_gateway_pb2.ListAllJobsResponse]]:
+        """Operator: every tenant's jobs (or one tenant's), in any state, in submission order:
+        what the console's jobs view lists (held ones carry the runway check's reason).
         """
 
 def add_GatewayServicer_to_server(servicer: GatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any, TypeAlias
@@ -400,18 +400,32 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def ListJobs(self, request: gateway_pb2.ListJobsRequest,
                        context: Ctx) -> gateway_pb2.ListJobsResponse:
         tenant = await self._tenant(context)
+        jobs, token = await self._jobs_page(tenant.tenant, request.states, request.page_size,
+                                            request.page_token)
+        return gateway_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
+
+    async def ListAllJobs(self, request: gateway_pb2.ListAllJobsRequest,
+                          context: Ctx) -> gateway_pb2.ListAllJobsResponse:
+        self._operator(context)
+        jobs, token = await self._jobs_page(request.tenant, request.states, request.page_size,
+                                            request.page_token, scope="all-jobs")
+        return gateway_pb2.ListAllJobsResponse(jobs=jobs, next_page_token=token)
+
+    async def _jobs_page(self, tenant: str, wire_states: Iterable[int], page_size: int,
+                         page_token: str, scope: str = "jobs"
+                         ) -> tuple[list[common_pb2.Job], str]:
+        """One page of a tenant's jobs ('': every tenant's), optionally of some states."""
         v = Violations()
-        size = check_page(v, request.page_size)
-        states = sorted({int(s) for s in request.states})
+        size = check_page(v, page_size)
+        states = sorted({int(s) for s in wire_states})
         if any(s not in {int(x) for x in JobState} for s in states):
             v.add("states", "contains an unknown state")
-        query = ("jobs", tenant.tenant, tuple(states))
-        after = after_int(v, request.page_token, query)
+        query = (scope, tenant, tuple(states))
+        after = after_int(v, page_token, query)
         v.raise_if_any()
-        rows = await self.store.jobs(tenant.tenant, states, after, size + 1)
+        rows = await self.store.jobs(tenant, states, after, size + 1)
         token = encode_token(rows[size - 1].seq, query) if len(rows) > size else ""
-        return gateway_pb2.ListJobsResponse(jobs=[job_to_wire(r) for r in rows[:size]],
-                                            next_page_token=token)
+        return [job_to_wire(r) for r in rows[:size]], token
 
     async def CancelJob(self, request: gateway_pb2.CancelJobRequest,
                         context: Ctx) -> gateway_pb2.CancelJobResponse:

@@ -122,9 +122,10 @@ class GatewayStore:
 
     async def jobs(self, tenant: str, states: Sequence[int], after_seq: int,
                    limit: int) -> list[JobRow]:
+        """A tenant's jobs ('': every tenant's) after a sequence, in submission order."""
         rows = await self.pool.fetch(f"""
             SELECT {JOB_COLS} FROM jobs
-            WHERE tenant = $1 AND seq > $2 AND (cardinality($3::smallint[]) = 0
+            WHERE ($1 = '' OR tenant = $1) AND seq > $2 AND (cardinality($3::smallint[]) = 0
                                                OR state = ANY($3::smallint[]))
             ORDER BY seq LIMIT $4""", tenant, after_seq, list(states), limit)
         return [job_row(r) for r in rows]

@@ -223,6 +223,52 @@ async def test_another_tenants_job_is_not_found_and_nothing_changes(api: Api) ->
     assert list(listed.jobs) == []
 
 
+async def test_the_operator_lists_every_tenants_jobs_by_tenant_and_state_page_by_page(
+        api: Api) -> None:
+    """ListAllJobs: the console's jobs view. The database is shared by this module's tests,
+    so the tenants here are new and the listing is read for them."""
+    a = await api.tenant("lista", "1")
+    b = await api.tenant("listb", "10")
+    a1 = await api.submit(a)  # reserves all of lista's 1 credit
+    a2 = await api.submit(a, seconds=50)  # so this one is held
+    b1 = await api.submit(b)
+    assert (a1.state, a2.state, b1.state) == (S.JOB_STATE_ADMITTED, S.JOB_STATE_HELD,
+                                              S.JOB_STATE_ADMITTED)
+
+    async def every(tenant: str = "", states: tuple[int, ...] = (),
+                    page_size: int = 1) -> list[common_pb2.Job]:
+        out: list[common_pb2.Job] = []
+        token = ""
+        while True:
+            r = await api.stub.ListAllJobs(gateway_pb2.ListAllJobsRequest(
+                tenant=tenant, states=states, page_size=page_size, page_token=token),  # type: ignore[arg-type]
+                metadata=OP)
+            out += r.jobs
+            if not (token := r.next_page_token):
+                return out
+
+    ours = {a1.job_id, a2.job_id, b1.job_id}
+    listed = [j for j in await every() if j.job_id in ours]  # paged one job at a time
+    assert [j.job_id for j in listed] == [a1.job_id, a2.job_id, b1.job_id]  # submission order
+    assert {j.tenant for j in listed} == {"lista", "listb"}
+    assert [j.job_id for j in await every("lista")] == [a1.job_id, a2.job_id]
+    held = await every("lista", (S.JOB_STATE_HELD,))
+    assert [j.job_id for j in held] == [a2.job_id] and "held until" in held[0].reason
+    assert await every("nobody") == []
+    # A token is bound to its query: reused for another tenant, it is refused.
+    first = await api.stub.ListAllJobs(gateway_pb2.ListAllJobsRequest(
+        tenant="lista", page_size=1), metadata=OP)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await api.stub.ListAllJobs(gateway_pb2.ListAllJobsRequest(
+            tenant="listb", page_size=1, page_token=first.next_page_token), metadata=OP)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # A tenant's key may not list across tenants.
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await api.stub.ListAllJobs(gateway_pb2.ListAllJobsRequest(), metadata=b)
+    assert err.value.code() in (grpc.StatusCode.PERMISSION_DENIED,
+                                grpc.StatusCode.UNAUTHENTICATED)
+
+
 async def test_over_the_rate_limit_answers_resource_exhausted_with_retry_info(api: Api) -> None:
     key = await api.tenant("slow", "10", rate=1, burst=2)
     for _ in range(2):

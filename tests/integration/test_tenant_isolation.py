@@ -52,7 +52,7 @@ GATEWAY = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"]
 
 OPERATOR_RPCS = {"CreateTenant", "GetTenant", "ListTenants", "SuspendTenant", "UpdateTenant",
                  "CreateApiKey", "RevokeApiKey", "TopUp", "AdjustCredits", "ListAllEndpoints",
-                 "ScaleEndpoint"}
+                 "ScaleEndpoint", "ListAllJobs"}
 TENANT_RPCS = {"SubmitJob", "GetJob", "ListJobs", "CancelJob", "WatchJob", "GetMyRunway",
                "ListMyUsage", "CreateEndpoint", "GetEndpoint", "ListEndpoints",
                "DeleteEndpoint", "Infer"}

@@ -9,12 +9,15 @@ import { createGrpcTransport } from "@connectrpc/connect-node";
 import { Gateway, type Tenant } from "@/gen/kestrel/v1/gateway_pb";
 import { Meter, type UsageRow, type Price, type GetTenantSummaryResponse } from "@/gen/kestrel/v1/meter_pb";
 import { Admission } from "@/gen/kestrel/v1/admission_pb";
-import type { Job } from "@/gen/kestrel/v1/common_pb";
+import { Autoscaler, type GetScaleStateResponse } from "@/gen/kestrel/v1/autoscaler_pb";
+import type { Endpoint, Job } from "@/gen/kestrel/v1/common_pb";
+import { Code, ConnectError } from "@connectrpc/connect";
 
 type Clients = {
   gateway: Client<typeof Gateway>;
   meter: Client<typeof Meter>;
   admission: Client<typeof Admission>;
+  autoscaler: Client<typeof Autoscaler>;
 };
 
 const g = globalThis as unknown as { __kestrelClients?: Clients };
@@ -28,6 +31,7 @@ export function addresses() {
     gateway: process.env.KESTREL_GATEWAY_ADDR || "127.0.0.1:50051",
     meter: process.env.KESTREL_METER_ADDR || "127.0.0.1:50053",
     admission: process.env.KESTREL_ADMISSION_ADDR || "127.0.0.1:50052",
+    autoscaler: process.env.KESTREL_AUTOSCALER_ADDR || "127.0.0.1:50055",
   };
 }
 
@@ -38,6 +42,7 @@ function clients(): Clients {
       gateway: createClient(Gateway, transport(a.gateway)),
       meter: createClient(Meter, transport(a.meter)),
       admission: createClient(Admission, transport(a.admission)),
+      autoscaler: createClient(Autoscaler, transport(a.autoscaler)),
     };
   }
   return g.__kestrelClients;
@@ -108,6 +113,46 @@ export async function prices(): Promise<Price[]> {
 /** Admission's held jobs of a tenant, in release order, each with the check's reason. */
 export async function heldJobs(tenant: string): Promise<Job[]> {
   return (await clients().admission.listHeld({ tenant }, INTERNAL)).jobs;
+}
+
+/** The latest `limit` jobs of every tenant (or of one), newest first, any state. */
+export async function listAllJobs(tenant = "", limit = 500): Promise<{ jobs: Job[]; truncated: boolean }> {
+  // Pages come oldest first: keep the newest `limit` while walking them.
+  let jobs: Job[] = [];
+  let truncated = false;
+  let pageToken = "";
+  do {
+    const r = await clients().gateway.listAllJobs({ tenant, pageSize: 500, pageToken }, OPTS());
+    jobs.push(...r.jobs);
+    if (jobs.length > limit) { jobs = jobs.slice(jobs.length - limit); truncated = true; }
+    pageToken = r.nextPageToken;
+  } while (pageToken);
+  return { jobs: jobs.reverse(), truncated };
+}
+
+/** Every tenant's endpoints (the gateway's operator ListAllEndpoints), or one tenant's. */
+export async function listAllEndpoints(tenant = ""): Promise<Endpoint[]> {
+  const out: Endpoint[] = [];
+  let pageToken = "";
+  do {
+    const r = await clients().gateway.listAllEndpoints({ pageSize: 100, pageToken, tenant }, OPTS());
+    out.push(...r.endpoints);
+    pageToken = r.nextPageToken;
+  } while (pageToken);
+  return out;
+}
+
+/** The autoscaler's last decision for an endpoint: a state, or why there is none
+ * (no decision yet, or no autoscaler answering at its address). */
+export async function scaleState(tenant: string, endpointId: string): Promise<GetScaleStateResponse | string> {
+  try {
+    return await clients().autoscaler.getScaleState({ tenant, endpointId }, { timeoutMs: 2000 });
+  } catch (e) {
+    if (e instanceof ConnectError && e.code === Code.NotFound) return "no decision yet";
+    if (e instanceof ConnectError && (e.code === Code.Unavailable || e.code === Code.DeadlineExceeded))
+      return `no autoscaler at ${addresses().autoscaler}`;
+    throw e;
+  }
 }
 
 export function describeError(e: unknown): string {

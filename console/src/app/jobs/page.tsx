@@ -2,19 +2,21 @@ import Link from "next/link";
 import Live from "@/components/Live";
 import Failure from "@/components/Failure";
 import HeldTable from "@/components/HeldTable";
-import { describeError, heldJobs, listTenants, summary, usageRows } from "@/lib/kestrel";
+import { describeError, heldJobs, listAllJobs, listTenants, summary, usageRows } from "@/lib/kestrel";
 import { gpuSeconds, sumDec } from "@/lib/decimal";
 import { instant } from "@/lib/format";
 import { rowsHref } from "@/lib/links";
 
 export const dynamic = "force-dynamic";
+const ALL_JOBS_SHOWN = 500;
 
 type Workload = { tenant: string; id: string; flavor: string; gpus: number; gpuUs: bigint; costs: string[]; start: bigint; end: bigint; rows: number; seq: bigint };
 
 export default async function JobsPage({ searchParams }: { searchParams: Promise<{ tenant?: string }> }) {
   const only = (await searchParams).tenant;
-  let data;
+  let data, all;
   try {
+    all = await listAllJobs(only ?? "", ALL_JOBS_SHOWN);
     const names = only ? [only] : (await listTenants()).map((t) => t.tenant);
     data = await Promise.all(names.map(async (tenant) => {
       const [held, s] = await Promise.all([heldJobs(tenant), summary(tenant)]);
@@ -44,6 +46,10 @@ export default async function JobsPage({ searchParams }: { searchParams: Promise
       <h2>Held for budget</h2>
       <p className="muted">From admission (ListHeld), in the order they would be released; the reason is the runway check&apos;s.</p>
       <HeldTable jobs={held} withTenant />
+
+      <h2>All jobs</h2>
+      <p className="muted">From the gateway (the operator&apos;s ListAllJobs), newest first{all.truncated ? `: the latest ${ALL_JOBS_SHOWN}` : ""}: every state, the flavor the placer chose and why, the credits reserved at admission.</p>
+      <HeldTable jobs={all.jobs} withTenant withReserved testId="all-jobs" empty="No job submitted yet." />
 
       <h2>Metered work</h2>
       <p className="muted">Workloads the ledger has rows for (from the meter&apos;s ListUsage): what has run or runs now, with its GPU-seconds and cost.</p>
@@ -76,14 +82,7 @@ export default async function JobsPage({ searchParams }: { searchParams: Promise
           ))}
         </tbody>
       </table>
-      <div className="missing" data-testid="missing-jobs">
-        <strong>Not available over gRPC to the operator:</strong> the gateway lists jobs
-        (ListJobs) only to the tenant&apos;s own API key, and admission exposes only held jobs
-        (ListHeld). Admitted, queued, running and finished jobs, their states and the
-        per-job reservations that sum to &ldquo;reserved&rdquo; need an operator ListJobs
-        (tenant filter, all states) on the gateway. Reservations are admission&apos;s holds,
-        not ledger rows, so they have no rows to link to.
-      </div>
+      <p className="muted">Reservations are admission&apos;s holds, not ledger rows: they have no rows to link to; each held or admitted job&apos;s own reservation is in the table above.</p>
     </>
   );
 }
