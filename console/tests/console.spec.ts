@@ -135,3 +135,11 @@ test("the jobs view lists every tenant's jobs in every state", async ({ page }) 
   // The seeded finish event (the placer's, published by the plane) reached admission.
   await expect(all.getByTestId(`job-${jobs.acme}`).getByTestId("state")).toHaveText("SUCCEEDED");
 });
+
+test("the cluster view says why it has no nodes when the plane has no placer", async ({ page }) => {
+  // The test plane runs without Kubernetes (tests/e2e/test_placer.py covers ListNodes and
+  // ListClusterQueues on the real cluster): the page says so instead of failing.
+  await page.goto(url("/cluster"));
+  await expect(page.getByTestId("no-placer")).toContainText("no placer at");
+  await expect(page.getByTestId("quotas")).toContainText("acme");
+});

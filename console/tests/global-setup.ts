@@ -55,6 +55,9 @@ export default async function globalSetup() {
     KESTREL_METER_ADDR: String(env.KESTREL_METER_ADDR),
     KESTREL_ADMISSION_ADDR: String(env.KESTREL_ADMISSION_ADDR),
     KESTREL_AUTOSCALER_ADDR: String(env.KESTREL_AUTOSCALER_ADDR),
+    // The plane has no cluster, hence no placer: an address nothing listens on, so a
+    // placer some other plane runs on the default port is not read by mistake.
+    KESTREL_PLACER_ADDR: `127.0.0.1:${await freePort()}`,
     KESTREL_OPERATOR_TOKEN: String(env.KESTREL_OPERATOR_TOKEN),
   };
   const next = spawn(path.join(ROOT, "node_modules/.bin/next"), ["start", "-H", "127.0.0.1", "-p", String(port)],

@@ -270,3 +270,214 @@ class DeleteEndpointResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteEndpointResponse: _TypeAlias = DeleteEndpointResponse  # noqa: Y015
+
+@_typing.final
+class ListNodesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListNodesRequest: _TypeAlias = ListNodesRequest  # noqa: Y015
+
+@_typing.final
+class ClusterNode(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    FLAVOR_FIELD_NUMBER: _builtins.int
+    SIMULATED_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    CPU_FIELD_NUMBER: _builtins.int
+    MEMORY_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    pool: _builtins.str
+    """Label kestrel.dev/pool: "gpu" or "cpu"."""
+    flavor: _builtins.str
+    """Label kestrel.dev/flavor: the ResourceFlavor whose capacity it carries."""
+    simulated: _builtins.bool
+    """A KWOK node (kestrel.dev/simulated=true): advertised capacity, its pods never run a
+    container. False: a real kubelet.
+    """
+    ready: _builtins.bool
+    """Its Ready condition."""
+    gpus: _builtins.int
+    """Allocatable nvidia.com/gpu (0 on the CPU pool)."""
+    cpu: _builtins.str
+    """Allocatable cpu and memory, as Kubernetes quantities ("2", "8Gi")."""
+    memory: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        pool: _builtins.str = ...,
+        flavor: _builtins.str = ...,
+        simulated: _builtins.bool = ...,
+        ready: _builtins.bool = ...,
+        gpus: _builtins.int = ...,
+        cpu: _builtins.str = ...,
+        memory: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu", b"cpu", "flavor", b"flavor", "gpus", b"gpus", "memory", b"memory", "name", b"name", "pool", b"pool", "ready", b"ready", "simulated", b"simulated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClusterNode: _TypeAlias = ClusterNode  # noqa: Y015
+
+@_typing.final
+class ListNodesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClusterNode]: ...
+    def __init__(
+        self,
+        *,
+        nodes: _abc.Iterable[Global___ClusterNode] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListNodesResponse: _TypeAlias = ListNodesResponse  # noqa: Y015
+
+@_typing.final
+class ListClusterQueuesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """Only this tenant's (empty: every tenant's)."""
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListClusterQueuesRequest: _TypeAlias = ListClusterQueuesRequest  # noqa: Y015
+
+@_typing.final
+class QueueResourceUsage(_message.Message):
+    """One resource of one flavor in a ClusterQueue, as Kubernetes quantities."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLAVOR_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    NOMINAL_QUOTA_FIELD_NUMBER: _builtins.int
+    BORROWING_LIMIT_FIELD_NUMBER: _builtins.int
+    RESERVED_FIELD_NUMBER: _builtins.int
+    ADMITTED_FIELD_NUMBER: _builtins.int
+    BORROWED_FIELD_NUMBER: _builtins.int
+    flavor: _builtins.str
+    resource: _builtins.str
+    """"nvidia.com/gpu", "cpu" or "memory"."""
+    nominal_quota: _builtins.str
+    borrowing_limit: _builtins.str
+    """How much it may borrow from the cohort beyond its quota."""
+    reserved: _builtins.str
+    """Quota reserved by workloads (Kueue's flavorsReservation), admitted or waiting on
+    an admission check.
+    """
+    admitted: _builtins.str
+    """Used by admitted workloads (flavorsUsage)."""
+    borrowed: _builtins.str
+    """Of `reserved`, what is borrowed from the cohort."""
+    def __init__(
+        self,
+        *,
+        flavor: _builtins.str = ...,
+        resource: _builtins.str = ...,
+        nominal_quota: _builtins.str = ...,
+        borrowing_limit: _builtins.str = ...,
+        reserved: _builtins.str = ...,
+        admitted: _builtins.str = ...,
+        borrowed: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted", b"admitted", "borrowed", b"borrowed", "borrowing_limit", b"borrowing_limit", "flavor", b"flavor", "nominal_quota", b"nominal_quota", "reserved", b"reserved", "resource", b"resource"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueResourceUsage: _TypeAlias = QueueResourceUsage  # noqa: Y015
+
+@_typing.final
+class ClusterQueueView(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    COHORT_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    PENDING_WORKLOADS_FIELD_NUMBER: _builtins.int
+    RESERVING_WORKLOADS_FIELD_NUMBER: _builtins.int
+    ADMITTED_WORKLOADS_FIELD_NUMBER: _builtins.int
+    STOP_POLICY_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    tenant: _builtins.str
+    cohort: _builtins.str
+    pending_workloads: _builtins.int
+    reserving_workloads: _builtins.int
+    admitted_workloads: _builtins.int
+    stop_policy: _builtins.str
+    """"Hold" while the tenant is suspended, else "None"."""
+    @_builtins.property
+    def resources(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueResourceUsage]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+        cohort: _builtins.str = ...,
+        resources: _abc.Iterable[Global___QueueResourceUsage] | None = ...,
+        pending_workloads: _builtins.int = ...,
+        reserving_workloads: _builtins.int = ...,
+        admitted_workloads: _builtins.int = ...,
+        stop_policy: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_workloads", b"admitted_workloads", "cohort", b"cohort", "name", b"name", "pending_workloads", b"pending_workloads", "reserving_workloads", b"reserving_workloads", "resources", b"resources", "stop_policy", b"stop_policy", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClusterQueueView: _TypeAlias = ClusterQueueView  # noqa: Y015
+
+@_typing.final
+class ListClusterQueuesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_QUEUES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def cluster_queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClusterQueueView]: ...
+    def __init__(
+        self,
+        *,
+        cluster_queues: _abc.Iterable[Global___ClusterQueueView] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_queues", b"cluster_queues"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListClusterQueuesResponse: _TypeAlias = ListClusterQueuesResponse  # noqa: Y015

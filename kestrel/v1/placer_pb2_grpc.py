@@ -60,6 +60,16 @@ class PlacerStub:
                 request_serializer=kestrel_dot_v1_dot_placer__pb2.DeleteEndpointRequest.SerializeToString,
                 response_deserializer=kestrel_dot_v1_dot_placer__pb2.DeleteEndpointResponse.FromString,
                 _registered_method=True)
+        self.ListNodes = channel.unary_unary(
+                '/kestrel.v1.Placer/ListNodes',
+                request_serializer=kestrel_dot_v1_dot_placer__pb2.ListNodesRequest.SerializeToString,
+                response_deserializer=kestrel_dot_v1_dot_placer__pb2.ListNodesResponse.FromString,
+                _registered_method=True)
+        self.ListClusterQueues = channel.unary_unary(
+                '/kestrel.v1.Placer/ListClusterQueues',
+                request_serializer=kestrel_dot_v1_dot_placer__pb2.ListClusterQueuesRequest.SerializeToString,
+                response_deserializer=kestrel_dot_v1_dot_placer__pb2.ListClusterQueuesResponse.FromString,
+                _registered_method=True)
 
 
 class PlacerServicer:
@@ -100,6 +110,21 @@ class PlacerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListNodes(self, request, context):
+        """Read only, for operators (the console's cluster view): the nodes with their pool
+        and whether they are simulated (KWOK) or a real kubelet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListClusterQueues(self, request, context):
+        """Kestrel's ClusterQueues with their quota and Kueue's usage per flavor and resource.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlacerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +152,16 @@ def add_PlacerServicer_to_server(servicer, server):
                     servicer.DeleteEndpoint,
                     request_deserializer=kestrel_dot_v1_dot_placer__pb2.DeleteEndpointRequest.FromString,
                     response_serializer=kestrel_dot_v1_dot_placer__pb2.DeleteEndpointResponse.SerializeToString,
+            ),
+            'ListNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNodes,
+                    request_deserializer=kestrel_dot_v1_dot_placer__pb2.ListNodesRequest.FromString,
+                    response_serializer=kestrel_dot_v1_dot_placer__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'ListClusterQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListClusterQueues,
+                    request_deserializer=kestrel_dot_v1_dot_placer__pb2.ListClusterQueuesRequest.FromString,
+                    response_serializer=kestrel_dot_v1_dot_placer__pb2.ListClusterQueuesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +300,60 @@ class Placer:
             '/kestrel.v1.Placer/DeleteEndpoint',
             kestrel_dot_v1_dot_placer__pb2.DeleteEndpointRequest.SerializeToString,
             kestrel_dot_v1_dot_placer__pb2.DeleteEndpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kestrel.v1.Placer/ListNodes',
+            kestrel_dot_v1_dot_placer__pb2.ListNodesRequest.SerializeToString,
+            kestrel_dot_v1_dot_placer__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListClusterQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kestrel.v1.Placer/ListClusterQueues',
+            kestrel_dot_v1_dot_placer__pb2.ListClusterQueuesRequest.SerializeToString,
+            kestrel_dot_v1_dot_placer__pb2.ListClusterQueuesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,12 @@ class PlacerStub:
     ScaleEndpoint: _grpc.UnaryUnaryMultiCallable[_placer_pb2.ScaleEndpointRequest, _placer_pb2.ScaleEndpointResponse]
     """Set an endpoint's replica count (called by the autoscaler)."""
     DeleteEndpoint: _grpc.UnaryUnaryMultiCallable[_placer_pb2.DeleteEndpointRequest, _placer_pb2.DeleteEndpointResponse]
+    ListNodes: _grpc.UnaryUnaryMultiCallable[_placer_pb2.ListNodesRequest, _placer_pb2.ListNodesResponse]
+    """Read only, for operators (the console's cluster view): the nodes with their pool
+    and whether they are simulated (KWOK) or a real kubelet.
+    """
+    ListClusterQueues: _grpc.UnaryUnaryMultiCallable[_placer_pb2.ListClusterQueuesRequest, _placer_pb2.ListClusterQueuesResponse]
+    """Kestrel's ClusterQueues with their quota and Kueue's usage per flavor and resource."""
 
 @_typing.type_check_only
 class PlacerAsyncStub(PlacerStub):
@@ -57,6 +63,12 @@ class PlacerAsyncStub(PlacerStub):
     ScaleEndpoint: _aio.UnaryUnaryMultiCallable[_placer_pb2.ScaleEndpointRequest, _placer_pb2.ScaleEndpointResponse]  # type: ignore[assignment]
     """Set an endpoint's replica count (called by the autoscaler)."""
     DeleteEndpoint: _aio.UnaryUnaryMultiCallable[_placer_pb2.DeleteEndpointRequest, _placer_pb2.DeleteEndpointResponse]  # type: ignore[assignment]
+    ListNodes: _aio.UnaryUnaryMultiCallable[_placer_pb2.ListNodesRequest, _placer_pb2.ListNodesResponse]  # type: ignore[assignment]
+    """Read only, for operators (the console's cluster view): the nodes with their pool
+    and whether they are simulated (KWOK) or a real kubelet.
+    """
+    ListClusterQueues: _aio.UnaryUnaryMultiCallable[_placer_pb2.ListClusterQueuesRequest, _placer_pb2.ListClusterQueuesResponse]  # type: ignore[assignment]
+    """Kestrel's ClusterQueues with their quota and Kueue's usage per flavor and resource."""
 
 class PlacerServicer(metaclass=_abc_1.ABCMeta):
     """The placer is the only writer to Kubernetes."""
@@ -99,5 +111,23 @@ class PlacerServicer(metaclass=_abc_1.ABCMeta):
         request: _placer_pb2.DeleteEndpointRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_placer_pb2.DeleteEndpointResponse, _abc.Awaitable[_placer_pb2.DeleteEndpointResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListNodes(
+        self,
+        request: _placer_pb2.ListNodesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_placer_pb2.ListNodesResponse, _abc.Awaitable[_placer_pb2.ListNodesResponse]]:
+        """Read only, for operators (the console's cluster view): the nodes with their pool
+        and whether they are simulated (KWOK) or a real kubelet.
+        """
+
+    @_abc_1.abstractmethod
+    def ListClusterQueues(
+        self,
+        request: _placer_pb2.ListClusterQueuesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_placer_pb2.ListClusterQueuesResponse, _abc.Awaitable[_placer_pb2.ListClusterQueuesResponse]]:
+        """Kestrel's ClusterQueues with their quota and Kueue's usage per flavor and resource."""
 
 def add_PlacerServicer_to_server(servicer: PlacerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

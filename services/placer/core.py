@@ -27,8 +27,9 @@ from kubernetes.client.exceptions import ApiException
 from kestrel import cluster as kc
 from kestrel.clock import Clock, now_us
 from kestrel.errors import FailedPrecondition, Unavailable
-from kestrel.workloads import CPU_FLAVOR
-from services.placer import manifests
+from kestrel.v1 import placer_pb2
+from kestrel.workloads import CPU_FLAVOR, TENANT_LABEL
+from services.placer import manifests, views
 from services.placer.domain import FlavorAsk, Placement, RunwayView, choose_flavor
 from services.placer.kube import JOBS, KINDS, PODS, WORKLOADS, Kube
 from services.placer.lifecycle import (
@@ -146,6 +147,20 @@ class Placer:
         if lock is None:
             lock = self.tenant_locks[tenant] = asyncio.Lock()
         return lock
+
+    async def nodes(self) -> list[placer_pb2.ClusterNode]:
+        """Every node, by name: its pool, whether it is simulated, what it offers."""
+        items = await asyncio.to_thread(self.kube.list_nodes)
+        return sorted((views.node_view(n) for n in items), key=lambda n: n.name)
+
+    async def cluster_queues(self, tenant: str) -> list[placer_pb2.ClusterQueueView]:
+        """Kestrel's ClusterQueues (one tenant's when `tenant`), by name."""
+        selector = f"{manifests.MANAGED_BY_LABEL}={manifests.MANAGED_BY}"
+        if tenant:
+            check_tenant_name(tenant)
+            selector += f",{TENANT_LABEL}={tenant}"
+        items = await asyncio.to_thread(self.kube.list_cluster_queues, selector)
+        return sorted((views.queue_view(q) for q in items), key=lambda q: q.name)
 
     async def ensure_admission_check(self) -> None:
         check = self.settings.runway_check

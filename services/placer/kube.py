@@ -139,6 +139,20 @@ class Kube:
                     return wl
         return None
 
+    # --- what operators read ------------------------------------------------
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self._raw(
+            self.core.list_node(_preload_content=False))["items"]
+        return items
+
+    def list_cluster_queues(self, label_selector: str) -> list[dict[str, Any]]:
+        resp = self.custom.list_cluster_custom_object(
+            GROUP, VERSION, "clusterqueues", label_selector=label_selector,
+            _preload_content=False)
+        items: list[dict[str, Any]] = self._raw(resp)["items"]
+        return items
+
     # --- listing and watching ------------------------------------------------
 
     def lister(self, kind: str) -> Callable[..., Any]:

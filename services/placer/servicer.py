@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeAlias
 
 import grpc
@@ -13,6 +14,7 @@ from services.placer import manifests
 from services.placer.core import Placer, check_tenant_name
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+LABEL_VALUE_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 
 
 @map_errors
@@ -63,3 +65,17 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
     async def DeleteEndpoint(self, request: placer_pb2.DeleteEndpointRequest,
                              context: Ctx) -> placer_pb2.DeleteEndpointResponse:
         raise Unimplemented("endpoints are not placed yet")
+
+    async def ListNodes(self, request: placer_pb2.ListNodesRequest,
+                        context: Ctx) -> placer_pb2.ListNodesResponse:
+        return placer_pb2.ListNodesResponse(nodes=await self.placer.nodes())
+
+    async def ListClusterQueues(self, request: placer_pb2.ListClusterQueuesRequest,
+                                context: Ctx) -> placer_pb2.ListClusterQueuesResponse:
+        if request.tenant and not LABEL_VALUE_RE.match(request.tenant):
+            # It goes into a label selector: nothing but a label value may.
+            v = Violations()
+            v.add("tenant", "must be a tenant name (lowercase letters, digits and '-')")
+            v.raise_if_any()
+        return placer_pb2.ListClusterQueuesResponse(
+            cluster_queues=await self.placer.cluster_queues(request.tenant))

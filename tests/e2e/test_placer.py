@@ -650,3 +650,40 @@ async def test_a_job_held_at_the_runway_check_is_metered_only_from_the_check_rea
     finally:
         with contextlib.suppress(ApiException):
             custom.delete_cluster_custom_object(group, version, "admissionchecks", check)
+
+
+async def test_an_operator_reads_the_nodes_and_a_tenants_queue_usage(harness: Harness) -> None:
+    """ListNodes / ListClusterQueues: the console's cluster view, from the apiserver."""
+    tenant = await harness.tenant({"gpu-h100": 4})
+    harness.start()
+    job_id = await harness.admit(tenant, gpus=2, max_s=300, sim_s=120, flavor="gpu-h100")
+    await wait_for("ADMITTED", lambda: harness.events.one(job_id, ADMITTED))
+    async with grpc.aio.insecure_channel(harness.address) as channel:
+        stub = placer_pb2_grpc.PlacerStub(channel)
+        nodes = (await stub.ListNodes(placer_pb2.ListNodesRequest(), timeout=30)).nodes
+        by = {n.name: n for n in nodes}
+        cpu = by[kc.NODE_NAME]
+        assert (cpu.pool, cpu.simulated, cpu.ready, cpu.gpus) == ("cpu", False, True, 0)
+        gpu = [n for n in nodes if n.pool == "gpu"]  # every GPU node is a KWOK fake
+        assert gpu and all(n.simulated and n.gpus > 0 and n.flavor for n in gpu)
+        # The same split kubectl shows by label (KWOK's simulated CPU pool included).
+        kwok = kc.kubectl("get", "nodes", "-l", kc.SIMULATED_NODE_SELECTOR, "-o",
+                          "jsonpath={.items[*].metadata.name}", check=True).stdout.split()
+        assert sorted(kwok) == sorted(n.name for n in nodes if n.simulated)
+
+        async def usage() -> placer_pb2.QueueResourceUsage | None:
+            queues = (await stub.ListClusterQueues(placer_pb2.ListClusterQueuesRequest(
+                tenant=tenant), timeout=30)).cluster_queues
+            assert [q.name for q in queues] == [f"kestrel-{tenant}"]
+            assert queues[0].tenant == tenant
+            got = {(r.flavor, r.resource): r for r in queues[0].resources}
+            h100 = got[("gpu-h100", "nvidia.com/gpu")]
+            assert h100.nominal_quota == "4"
+            return h100 if h100.admitted == "2" else None
+
+        h100 = await wait_until("Kueue's usage of the admitted job", usage, WAIT_S)
+        assert h100.reserved == "2" and h100.borrowed == "0"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.ListClusterQueues(placer_pb2.ListClusterQueuesRequest(
+                tenant=f"{tenant},kestrel.dev/tenant!=x"), timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -9,7 +9,7 @@ export default function HeldTable({ jobs, withTenant = false, withReserved = fal
   if (jobs.length === 0) return <p className="muted">{empty}</p>;
   return (
     <table data-testid={testId}>
-      <thead><tr><th>job</th>{withTenant && <th>tenant</th>}<th>name</th><th>state</th><th>flavor</th><th>GPUs</th><th>max duration</th><th>priority</th>{withReserved && <th>reserved at admission</th>}<th>reason (runway check)</th><th>submitted</th></tr></thead>
+      <thead><tr><th>job</th>{withTenant && <th>tenant</th>}<th>name</th><th>state</th><th>flavor</th><th>GPUs</th><th>max duration</th><th>priority</th>{withReserved && <th>reserved at admission</th>}<th>{withReserved ? "reason" : "reason (runway check)"}</th><th>submitted</th></tr></thead>
       <tbody>
         {jobs.map((j) => (
           <tr key={j.jobId} data-testid={`job-${j.jobId}`}>

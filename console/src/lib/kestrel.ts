@@ -10,6 +10,7 @@ import { Gateway, type Tenant } from "@/gen/kestrel/v1/gateway_pb";
 import { Meter, type UsageRow, type Price, type GetTenantSummaryResponse } from "@/gen/kestrel/v1/meter_pb";
 import { Admission } from "@/gen/kestrel/v1/admission_pb";
 import { Autoscaler, type GetScaleStateResponse } from "@/gen/kestrel/v1/autoscaler_pb";
+import { Placer, type ClusterNode, type ClusterQueueView } from "@/gen/kestrel/v1/placer_pb";
 import type { Endpoint, Job } from "@/gen/kestrel/v1/common_pb";
 import { Code, ConnectError } from "@connectrpc/connect";
 
@@ -18,6 +19,7 @@ type Clients = {
   meter: Client<typeof Meter>;
   admission: Client<typeof Admission>;
   autoscaler: Client<typeof Autoscaler>;
+  placer: Client<typeof Placer>;
 };
 
 const g = globalThis as unknown as { __kestrelClients?: Clients };
@@ -32,6 +34,7 @@ export function addresses() {
     meter: process.env.KESTREL_METER_ADDR || "127.0.0.1:50053",
     admission: process.env.KESTREL_ADMISSION_ADDR || "127.0.0.1:50052",
     autoscaler: process.env.KESTREL_AUTOSCALER_ADDR || "127.0.0.1:50055",
+    placer: process.env.KESTREL_PLACER_ADDR || "127.0.0.1:50054",
   };
 }
 
@@ -43,6 +46,7 @@ function clients(): Clients {
       meter: createClient(Meter, transport(a.meter)),
       admission: createClient(Admission, transport(a.admission)),
       autoscaler: createClient(Autoscaler, transport(a.autoscaler)),
+      placer: createClient(Placer, transport(a.placer)),
     };
   }
   return g.__kestrelClients;
@@ -151,6 +155,20 @@ export async function scaleState(tenant: string, endpointId: string): Promise<Ge
     if (e instanceof ConnectError && e.code === Code.NotFound) return "no decision yet";
     if (e instanceof ConnectError && (e.code === Code.Unavailable || e.code === Code.DeadlineExceeded))
       return `no autoscaler at ${addresses().autoscaler}`;
+    throw e;
+  }
+}
+
+/** The cluster as the placer reads it from the apiserver: nodes and Kestrel's
+ * ClusterQueues with Kueue's usage; or why not (no placer: a plane without a cluster). */
+export async function clusterView(): Promise<{ nodes: ClusterNode[]; queues: ClusterQueueView[] } | string> {
+  try {
+    const p = clients().placer;
+    const [n, q] = await Promise.all([p.listNodes({}, INTERNAL), p.listClusterQueues({ tenant: "" }, INTERNAL)]);
+    return { nodes: n.nodes, queues: q.clusterQueues };
+  } catch (e) {
+    if (e instanceof ConnectError && (e.code === Code.Unavailable || e.code === Code.DeadlineExceeded))
+      return `no placer at ${addresses().placer}: this plane runs without a cluster`;
     throw e;
   }
 }

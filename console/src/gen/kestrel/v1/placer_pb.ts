@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file kestrel/v1/placer.proto.
  */
 export const file_kestrel_v1_placer: GenFile = /*@__PURE__*/
-  fileDesc("ChdrZXN0cmVsL3YxL3BsYWNlci5wcm90bxIKa2VzdHJlbC52MSJACgtGbGF2b3JRdW90YRIOCgZmbGF2b3IYASABKAkSDAoEZ3B1cxgCIAEoBRITCgtib3Jyb3dfZ3B1cxgDIAEoBSJNChNFbnN1cmVUZW5hbnRSZXF1ZXN0Eg4KBnRlbmFudBgBIAEoCRImCgVxdW90YRgCIAMoCzIXLmtlc3RyZWwudjEuRmxhdm9yUXVvdGEiVQoURW5zdXJlVGVuYW50UmVzcG9uc2USEQoJbmFtZXNwYWNlGAEgASgJEhMKC2xvY2FsX3F1ZXVlGAIgASgJEhUKDWNsdXN0ZXJfcXVldWUYAyABKAkiTAoVQ2FuY2VsV29ya2xvYWRSZXF1ZXN0Eg4KBnRlbmFudBgBIAEoCRITCgt3b3JrbG9hZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPwoWQ2FuY2VsV29ya2xvYWRSZXNwb25zZRIPCgdkZWxldGVkGAEgASgIEhQKDGNhbmNlbGxlZF91cxgCIAEoAyI+ChRBcHBseUVuZHBvaW50UmVxdWVzdBImCghlbmRwb2ludBgBIAEoCzIULmtlc3RyZWwudjEuRW5kcG9pbnQiPwoVQXBwbHlFbmRwb2ludFJlc3BvbnNlEiYKCGVuZHBvaW50GAEgASgLMhQua2VzdHJlbC52MS5FbmRwb2ludCJdChRTY2FsZUVuZHBvaW50UmVxdWVzdBIOCgZ0ZW5hbnQYASABKAkSEwoLZW5kcG9pbnRfaWQYAiABKAkSEAoIcmVwbGljYXMYAyABKAUSDgoGcmVhc29uGAQgASgJIikKFVNjYWxlRW5kcG9pbnRSZXNwb25zZRIQCghyZXBsaWNhcxgBIAEoBSI8ChVEZWxldGVFbmRwb2ludFJlcXVlc3QSDgoGdGVuYW50GAEgASgJEhMKC2VuZHBvaW50X2lkGAIgASgJIikKFkRlbGV0ZUVuZHBvaW50UmVzcG9uc2USDwoHZGVsZXRlZBgBIAEoCDK5AwoGUGxhY2VyElEKDEVuc3VyZVRlbmFudBIfLmtlc3RyZWwudjEuRW5zdXJlVGVuYW50UmVxdWVzdBogLmtlc3RyZWwudjEuRW5zdXJlVGVuYW50UmVzcG9uc2USVwoOQ2FuY2VsV29ya2xvYWQSIS5rZXN0cmVsLnYxLkNhbmNlbFdvcmtsb2FkUmVxdWVzdBoiLmtlc3RyZWwudjEuQ2FuY2VsV29ya2xvYWRSZXNwb25zZRJUCg1BcHBseUVuZHBvaW50EiAua2VzdHJlbC52MS5BcHBseUVuZHBvaW50UmVxdWVzdBohLmtlc3RyZWwudjEuQXBwbHlFbmRwb2ludFJlc3BvbnNlElQKDVNjYWxlRW5kcG9pbnQSIC5rZXN0cmVsLnYxLlNjYWxlRW5kcG9pbnRSZXF1ZXN0GiEua2VzdHJlbC52MS5TY2FsZUVuZHBvaW50UmVzcG9uc2USVwoORGVsZXRlRW5kcG9pbnQSIS5rZXN0cmVsLnYxLkRlbGV0ZUVuZHBvaW50UmVxdWVzdBoiLmtlc3RyZWwudjEuRGVsZXRlRW5kcG9pbnRSZXNwb25zZWIGcHJvdG8z", [file_kestrel_v1_common]);
+  fileDesc("ChdrZXN0cmVsL3YxL3BsYWNlci5wcm90bxIKa2VzdHJlbC52MSJACgtGbGF2b3JRdW90YRIOCgZmbGF2b3IYASABKAkSDAoEZ3B1cxgCIAEoBRITCgtib3Jyb3dfZ3B1cxgDIAEoBSJNChNFbnN1cmVUZW5hbnRSZXF1ZXN0Eg4KBnRlbmFudBgBIAEoCRImCgVxdW90YRgCIAMoCzIXLmtlc3RyZWwudjEuRmxhdm9yUXVvdGEiVQoURW5zdXJlVGVuYW50UmVzcG9uc2USEQoJbmFtZXNwYWNlGAEgASgJEhMKC2xvY2FsX3F1ZXVlGAIgASgJEhUKDWNsdXN0ZXJfcXVldWUYAyABKAkiTAoVQ2FuY2VsV29ya2xvYWRSZXF1ZXN0Eg4KBnRlbmFudBgBIAEoCRITCgt3b3JrbG9hZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPwoWQ2FuY2VsV29ya2xvYWRSZXNwb25zZRIPCgdkZWxldGVkGAEgASgIEhQKDGNhbmNlbGxlZF91cxgCIAEoAyI+ChRBcHBseUVuZHBvaW50UmVxdWVzdBImCghlbmRwb2ludBgBIAEoCzIULmtlc3RyZWwudjEuRW5kcG9pbnQiPwoVQXBwbHlFbmRwb2ludFJlc3BvbnNlEiYKCGVuZHBvaW50GAEgASgLMhQua2VzdHJlbC52MS5FbmRwb2ludCJdChRTY2FsZUVuZHBvaW50UmVxdWVzdBIOCgZ0ZW5hbnQYASABKAkSEwoLZW5kcG9pbnRfaWQYAiABKAkSEAoIcmVwbGljYXMYAyABKAUSDgoGcmVhc29uGAQgASgJIikKFVNjYWxlRW5kcG9pbnRSZXNwb25zZRIQCghyZXBsaWNhcxgBIAEoBSI8ChVEZWxldGVFbmRwb2ludFJlcXVlc3QSDgoGdGVuYW50GAEgASgJEhMKC2VuZHBvaW50X2lkGAIgASgJIikKFkRlbGV0ZUVuZHBvaW50UmVzcG9uc2USDwoHZGVsZXRlZBgBIAEoCCISChBMaXN0Tm9kZXNSZXF1ZXN0IoYBCgtDbHVzdGVyTm9kZRIMCgRuYW1lGAEgASgJEgwKBHBvb2wYAiABKAkSDgoGZmxhdm9yGAMgASgJEhEKCXNpbXVsYXRlZBgEIAEoCBINCgVyZWFkeRgFIAEoCBIMCgRncHVzGAYgASgFEgsKA2NwdRgHIAEoCRIOCgZtZW1vcnkYCCABKAkiOwoRTGlzdE5vZGVzUmVzcG9uc2USJgoFbm9kZXMYASADKAsyFy5rZXN0cmVsLnYxLkNsdXN0ZXJOb2RlIioKGExpc3RDbHVzdGVyUXVldWVzUmVxdWVzdBIOCgZ0ZW5hbnQYASABKAkinAEKElF1ZXVlUmVzb3VyY2VVc2FnZRIOCgZmbGF2b3IYASABKAkSEAoIcmVzb3VyY2UYAiABKAkSFQoNbm9taW5hbF9xdW90YRgDIAEoCRIXCg9ib3Jyb3dpbmdfbGltaXQYBCABKAkSEAoIcmVzZXJ2ZWQYBSABKAkSEAoIYWRtaXR0ZWQYBiABKAkSEAoIYm9ycm93ZWQYByABKAki3AEKEENsdXN0ZXJRdWV1ZVZpZXcSDAoEbmFtZRgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSDgoGY29ob3J0GAMgASgJEjEKCXJlc291cmNlcxgEIAMoCzIeLmtlc3RyZWwudjEuUXVldWVSZXNvdXJjZVVzYWdlEhkKEXBlbmRpbmdfd29ya2xvYWRzGAUgASgFEhsKE3Jlc2VydmluZ193b3JrbG9hZHMYBiABKAUSGgoSYWRtaXR0ZWRfd29ya2xvYWRzGAcgASgFEhMKC3N0b3BfcG9saWN5GAggASgJIlEKGUxpc3RDbHVzdGVyUXVldWVzUmVzcG9uc2USNAoOY2x1c3Rlcl9xdWV1ZXMYASADKAsyHC5rZXN0cmVsLnYxLkNsdXN0ZXJRdWV1ZVZpZXcy5QQKBlBsYWNlchJRCgxFbnN1cmVUZW5hbnQSHy5rZXN0cmVsLnYxLkVuc3VyZVRlbmFudFJlcXVlc3QaIC5rZXN0cmVsLnYxLkVuc3VyZVRlbmFudFJlc3BvbnNlElcKDkNhbmNlbFdvcmtsb2FkEiEua2VzdHJlbC52MS5DYW5jZWxXb3JrbG9hZFJlcXVlc3QaIi5rZXN0cmVsLnYxLkNhbmNlbFdvcmtsb2FkUmVzcG9uc2USVAoNQXBwbHlFbmRwb2ludBIgLmtlc3RyZWwudjEuQXBwbHlFbmRwb2ludFJlcXVlc3QaIS5rZXN0cmVsLnYxLkFwcGx5RW5kcG9pbnRSZXNwb25zZRJUCg1TY2FsZUVuZHBvaW50EiAua2VzdHJlbC52MS5TY2FsZUVuZHBvaW50UmVxdWVzdBohLmtlc3RyZWwudjEuU2NhbGVFbmRwb2ludFJlc3BvbnNlElcKDkRlbGV0ZUVuZHBvaW50EiEua2VzdHJlbC52MS5EZWxldGVFbmRwb2ludFJlcXVlc3QaIi5rZXN0cmVsLnYxLkRlbGV0ZUVuZHBvaW50UmVzcG9uc2USSAoJTGlzdE5vZGVzEhwua2VzdHJlbC52MS5MaXN0Tm9kZXNSZXF1ZXN0Gh0ua2VzdHJlbC52MS5MaXN0Tm9kZXNSZXNwb25zZRJgChFMaXN0Q2x1c3RlclF1ZXVlcxIkLmtlc3RyZWwudjEuTGlzdENsdXN0ZXJRdWV1ZXNSZXF1ZXN0GiUua2VzdHJlbC52MS5MaXN0Q2x1c3RlclF1ZXVlc1Jlc3BvbnNlYgZwcm90bzM", [file_kestrel_v1_common]);
 
 /**
  * @generated from message kestrel.v1.FlavorQuota
@@ -267,6 +267,251 @@ export const DeleteEndpointResponseSchema: GenMessage<DeleteEndpointResponse> = 
   messageDesc(file_kestrel_v1_placer, 10);
 
 /**
+ * @generated from message kestrel.v1.ListNodesRequest
+ */
+export type ListNodesRequest = Message<"kestrel.v1.ListNodesRequest"> & {
+};
+
+/**
+ * Describes the message kestrel.v1.ListNodesRequest.
+ * Use `create(ListNodesRequestSchema)` to create a new message.
+ */
+export const ListNodesRequestSchema: GenMessage<ListNodesRequest> = /*@__PURE__*/
+  messageDesc(file_kestrel_v1_placer, 11);
+
+/**
+ * @generated from message kestrel.v1.ClusterNode
+ */
+export type ClusterNode = Message<"kestrel.v1.ClusterNode"> & {
+  /**
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Label kestrel.dev/pool: "gpu" or "cpu".
+   *
+   * @generated from field: string pool = 2;
+   */
+  pool: string;
+
+  /**
+   * Label kestrel.dev/flavor: the ResourceFlavor whose capacity it carries.
+   *
+   * @generated from field: string flavor = 3;
+   */
+  flavor: string;
+
+  /**
+   * A KWOK node (kestrel.dev/simulated=true): advertised capacity, its pods never run a
+   * container. False: a real kubelet.
+   *
+   * @generated from field: bool simulated = 4;
+   */
+  simulated: boolean;
+
+  /**
+   * Its Ready condition.
+   *
+   * @generated from field: bool ready = 5;
+   */
+  ready: boolean;
+
+  /**
+   * Allocatable nvidia.com/gpu (0 on the CPU pool).
+   *
+   * @generated from field: int32 gpus = 6;
+   */
+  gpus: number;
+
+  /**
+   * Allocatable cpu and memory, as Kubernetes quantities ("2", "8Gi").
+   *
+   * @generated from field: string cpu = 7;
+   */
+  cpu: string;
+
+  /**
+   * @generated from field: string memory = 8;
+   */
+  memory: string;
+};
+
+/**
+ * Describes the message kestrel.v1.ClusterNode.
+ * Use `create(ClusterNodeSchema)` to create a new message.
+ */
+export const ClusterNodeSchema: GenMessage<ClusterNode> = /*@__PURE__*/
+  messageDesc(file_kestrel_v1_placer, 12);
+
+/**
+ * @generated from message kestrel.v1.ListNodesResponse
+ */
+export type ListNodesResponse = Message<"kestrel.v1.ListNodesResponse"> & {
+  /**
+   * @generated from field: repeated kestrel.v1.ClusterNode nodes = 1;
+   */
+  nodes: ClusterNode[];
+};
+
+/**
+ * Describes the message kestrel.v1.ListNodesResponse.
+ * Use `create(ListNodesResponseSchema)` to create a new message.
+ */
+export const ListNodesResponseSchema: GenMessage<ListNodesResponse> = /*@__PURE__*/
+  messageDesc(file_kestrel_v1_placer, 13);
+
+/**
+ * @generated from message kestrel.v1.ListClusterQueuesRequest
+ */
+export type ListClusterQueuesRequest = Message<"kestrel.v1.ListClusterQueuesRequest"> & {
+  /**
+   * Only this tenant's (empty: every tenant's).
+   *
+   * @generated from field: string tenant = 1;
+   */
+  tenant: string;
+};
+
+/**
+ * Describes the message kestrel.v1.ListClusterQueuesRequest.
+ * Use `create(ListClusterQueuesRequestSchema)` to create a new message.
+ */
+export const ListClusterQueuesRequestSchema: GenMessage<ListClusterQueuesRequest> = /*@__PURE__*/
+  messageDesc(file_kestrel_v1_placer, 14);
+
+/**
+ * One resource of one flavor in a ClusterQueue, as Kubernetes quantities.
+ *
+ * @generated from message kestrel.v1.QueueResourceUsage
+ */
+export type QueueResourceUsage = Message<"kestrel.v1.QueueResourceUsage"> & {
+  /**
+   * @generated from field: string flavor = 1;
+   */
+  flavor: string;
+
+  /**
+   * "nvidia.com/gpu", "cpu" or "memory".
+   *
+   * @generated from field: string resource = 2;
+   */
+  resource: string;
+
+  /**
+   * @generated from field: string nominal_quota = 3;
+   */
+  nominalQuota: string;
+
+  /**
+   * How much it may borrow from the cohort beyond its quota.
+   *
+   * @generated from field: string borrowing_limit = 4;
+   */
+  borrowingLimit: string;
+
+  /**
+   * Quota reserved by workloads (Kueue's flavorsReservation), admitted or waiting on
+   * an admission check.
+   *
+   * @generated from field: string reserved = 5;
+   */
+  reserved: string;
+
+  /**
+   * Used by admitted workloads (flavorsUsage).
+   *
+   * @generated from field: string admitted = 6;
+   */
+  admitted: string;
+
+  /**
+   * Of `reserved`, what is borrowed from the cohort.
+   *
+   * @generated from field: string borrowed = 7;
+   */
+  borrowed: string;
+};
+
+/**
+ * Describes the message kestrel.v1.QueueResourceUsage.
+ * Use `create(QueueResourceUsageSchema)` to create a new message.
+ */
+export const QueueResourceUsageSchema: GenMessage<QueueResourceUsage> = /*@__PURE__*/
+  messageDesc(file_kestrel_v1_placer, 15);
+
+/**
+ * @generated from message kestrel.v1.ClusterQueueView
+ */
+export type ClusterQueueView = Message<"kestrel.v1.ClusterQueueView"> & {
+  /**
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * @generated from field: string tenant = 2;
+   */
+  tenant: string;
+
+  /**
+   * @generated from field: string cohort = 3;
+   */
+  cohort: string;
+
+  /**
+   * @generated from field: repeated kestrel.v1.QueueResourceUsage resources = 4;
+   */
+  resources: QueueResourceUsage[];
+
+  /**
+   * @generated from field: int32 pending_workloads = 5;
+   */
+  pendingWorkloads: number;
+
+  /**
+   * @generated from field: int32 reserving_workloads = 6;
+   */
+  reservingWorkloads: number;
+
+  /**
+   * @generated from field: int32 admitted_workloads = 7;
+   */
+  admittedWorkloads: number;
+
+  /**
+   * "Hold" while the tenant is suspended, else "None".
+   *
+   * @generated from field: string stop_policy = 8;
+   */
+  stopPolicy: string;
+};
+
+/**
+ * Describes the message kestrel.v1.ClusterQueueView.
+ * Use `create(ClusterQueueViewSchema)` to create a new message.
+ */
+export const ClusterQueueViewSchema: GenMessage<ClusterQueueView> = /*@__PURE__*/
+  messageDesc(file_kestrel_v1_placer, 16);
+
+/**
+ * @generated from message kestrel.v1.ListClusterQueuesResponse
+ */
+export type ListClusterQueuesResponse = Message<"kestrel.v1.ListClusterQueuesResponse"> & {
+  /**
+   * @generated from field: repeated kestrel.v1.ClusterQueueView cluster_queues = 1;
+   */
+  clusterQueues: ClusterQueueView[];
+};
+
+/**
+ * Describes the message kestrel.v1.ListClusterQueuesResponse.
+ * Use `create(ListClusterQueuesResponseSchema)` to create a new message.
+ */
+export const ListClusterQueuesResponseSchema: GenMessage<ListClusterQueuesResponse> = /*@__PURE__*/
+  messageDesc(file_kestrel_v1_placer, 17);
+
+/**
  * The placer is the only writer to Kubernetes.
  *
  * @generated from service kestrel.v1.Placer
@@ -319,6 +564,27 @@ export const Placer: GenService<{
     methodKind: "unary";
     input: typeof DeleteEndpointRequestSchema;
     output: typeof DeleteEndpointResponseSchema;
+  },
+  /**
+   * Read only, for operators (the console's cluster view): the nodes with their pool
+   * and whether they are simulated (KWOK) or a real kubelet.
+   *
+   * @generated from rpc kestrel.v1.Placer.ListNodes
+   */
+  listNodes: {
+    methodKind: "unary";
+    input: typeof ListNodesRequestSchema;
+    output: typeof ListNodesResponseSchema;
+  },
+  /**
+   * Kestrel's ClusterQueues with their quota and Kueue's usage per flavor and resource.
+   *
+   * @generated from rpc kestrel.v1.Placer.ListClusterQueues
+   */
+  listClusterQueues: {
+    methodKind: "unary";
+    input: typeof ListClusterQueuesRequestSchema;
+    output: typeof ListClusterQueuesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_kestrel_v1_placer, 0);
