@@ -63,6 +63,7 @@ from kestrel.tap import render
 from kestrel.v1 import (
     admission_pb2,
     autoscaler_pb2,
+    autoscaler_pb2_grpc,
     common_pb2,
     events_pb2,
     gateway_pb2,
@@ -72,6 +73,7 @@ from kestrel.v1 import (
     placer_pb2_grpc,
     worker_pb2,
 )
+from services.autoscaler.servicer import AutoscalerServicer
 from services.placer.servicer import PlacerServicer
 from tests.conftest import OPERATOR_TOKEN, Plane
 from tests.integration.helpers import eventually
@@ -89,9 +91,10 @@ SETTLE_S = 0.15
 MODULES = [gateway_pb2, meter_pb2, admission_pb2, placer_pb2, autoscaler_pb2, worker_pb2]
 # service full name -> where it is served in this test
 TARGETS = {"kestrel.v1.Gateway": "gateway", "kestrel.v1.Meter": "meter",
-           "kestrel.v1.Admission": "admission", "kestrel.v1.Placer": "placer-in-process"}
+           "kestrel.v1.Admission": "admission", "kestrel.v1.Placer": "in-process",
+           "kestrel.v1.Autoscaler": "in-process"}
 # Services described in proto/ that no process serves yet: nothing to fuzz.
-NOT_SERVED = {"kestrel.v1.Autoscaler": "the autoscaler is not implemented yet (no servicer)"}
+NOT_SERVED: dict[str, str] = {}
 OK_CODES = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
             grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION,
             grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
@@ -187,6 +190,19 @@ class FakePlacer:
     async def place(self, job: Any) -> None:
         self.writes += 1
         self.placed.append(job.job_id)
+
+    async def nodes(self) -> list[Any]:
+        return []
+
+    async def cluster_queues(self, tenant: str) -> list[Any]:
+        return []
+
+
+class FakeAutoscaler:
+    """The autoscaler's core as its servicer sees it: no decision for anything."""
+
+    def scale_state(self, tenant: str, endpoint_id: str) -> None:
+        return None
 
 
 @dataclass
@@ -322,11 +338,13 @@ def fuzz_rpcs(world: World, examples: int) -> tuple[Stats, int]:
     targets = methods()
 
     async def open_all() -> tuple[dict[str, grpc.aio.Channel], Snapshots, Any, Any, Server]:
-        server = Server("127.0.0.1", 0, ["kestrel.v1.Placer"])
+        server = Server("127.0.0.1", 0, ["kestrel.v1.Placer", "kestrel.v1.Autoscaler"])
         placer_pb2_grpc.add_PlacerServicer_to_server(
             PlacerServicer(world.placer), server.server)  # type: ignore[arg-type]
+        autoscaler_pb2_grpc.add_AutoscalerServicer_to_server(
+            AutoscalerServicer(FakeAutoscaler()), server.server)  # type: ignore[arg-type]
         await server.start()
-        addrs = {**world.addresses, "placer-in-process": server.address}
+        addrs = {**world.addresses, "in-process": server.address}
         chans = {name: grpc.aio.insecure_channel(a) for name, a in addrs.items()}
         db = await asyncpg.connect(world.dsn)
         tables = [r["tablename"] for r in await db.fetch(
