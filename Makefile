@@ -59,7 +59,8 @@ test: setup lint ## Lint, then every test tier (the slowest 15 listed: where the
 	$(PY) -m pytest tests -q --durations=15
 	$(MAKE) test-console
 
-demo: setup ## Bring up the stack and run the main scenario, ending with a summary table
+# With --keep the demo leaves the operator console running too: build it first.
+demo: setup $(if $(findstring --keep,$(DEMO_ARGS)),console-deps console/.next/BUILD_ID) ## Bring up the stack and run the main scenario, ending with a summary table
 	$(PY) -m kestrel.demo $(DEMO_ARGS)
 
 bench-meter: setup ## Ledger ingestion and runway latency vs the bare pipeline of this machine

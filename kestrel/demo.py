@@ -490,8 +490,8 @@ async def main_async(keep: bool) -> int:
 
 def console_line(env: dict[str, str], root: Path) -> str:
     """The operator console on what --keep left running: started here when it has been
-    built (`make console` or `make test` builds it; the demo itself does not need it),
-    else the command that builds and starts it."""
+    built (`make demo DEMO_ARGS=--keep` builds it first), else (the module run by hand)
+    the command that builds and starts it."""
     names = ("GATEWAY", "METER", "ADMISSION", "AUTOSCALER")
     wiring = {f"KESTREL_{n}_ADDR": env[f"KESTREL_{n}_ADDR"] for n in names}
     wiring["KESTREL_OPERATOR_TOKEN"] = env["KESTREL_OPERATOR_TOKEN"]
