@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated
 
 import typer
@@ -16,6 +17,7 @@ from kestrel.cli._common import (
     err_console,
     parse_quota,
     parse_signed_amount,
+    parse_states,
     print_json,
     want_json,
 )
@@ -78,6 +80,24 @@ def list_(ctx: typer.Context, as_json: AsJson = False, output: OutputOpt = None)
         found = list(c.list_tenants())
     render.show(ctx, found, lambda: [render.tenants_table(found)], as_json=as_json,
                 output=output)
+
+
+@tenants.command("jobs")
+def jobs(ctx: typer.Context,
+         tenant: Annotated[str, typer.Argument(help="only this tenant's (default: every "
+                                                    "tenant's)")] = "",
+         state: Annotated[list[str] | None, typer.Option(
+             "--state", help="only jobs in this state, repeatable: held, running, ...")] = None,
+         limit: Annotated[int, typer.Option(min=1, help="show at most N jobs")] = 100,
+         as_json: AsJson = False, output: OutputOpt = None) -> None:
+    """Every tenant's jobs, or TENANT's, in submission order (the operator's view)."""
+    states = parse_states(state or [])
+    with client(ctx) as c:
+        found = list(itertools.islice(
+            c.list_all_jobs(tenant, states, page_size=min(limit, 1000)), limit))
+    title = f"jobs of {tenant}" if tenant else "jobs of every tenant"
+    render.show(ctx, found, lambda: [render.jobs_table(found, title, with_tenant=True)],
+                as_json=as_json, output=output)
 
 
 def _suspend(ctx: typer.Context, tenant: str, suspended: bool, reason: str,

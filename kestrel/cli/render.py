@@ -146,13 +146,15 @@ def tenants_table(tenants: Iterable[Tenant], title: str = "tenants") -> Table:
     return t
 
 
-def jobs_table(jobs: Iterable[Job], title: str = "jobs") -> Table:
+def jobs_table(jobs: Iterable[Job], title: str = "jobs", with_tenant: bool = False) -> Table:
     t = Table(title=title)
-    for col in ("job", "name", "state", "GPUs", "flavor", "max", "reserved", "created",
-                "reason"):
+    cols = ("job", *(("tenant",) if with_tenant else ()), "name", "state", "GPUs", "flavor",
+            "max", "reserved", "created", "reason")
+    for col in cols:
         t.add_column(col, justify="right" if col in ("GPUs", "max", "reserved") else "left")
     for j in jobs:
-        t.add_row(cell(j.job_id), cell(j.spec.name), state(j.state), str(j.spec.gpus),
+        t.add_row(cell(j.job_id), *((cell(j.tenant),) if with_tenant else ()),
+                  cell(j.spec.name), state(j.state), str(j.spec.gpus),
                   cell(j.flavor or j.spec.flavor or "-"), f"{j.spec.max_duration_s}s",
                   money(j.reserved), when(j.created_at), cell(j.reason))
     return t

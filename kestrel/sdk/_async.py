@@ -25,6 +25,7 @@ from kestrel.sdk._convert import (
     TopUpResult,
     UsageRow,
     create_tenant_request,
+    list_all_jobs_request,
     list_jobs_request,
     money_text,
     submit_job_request,
@@ -181,6 +182,28 @@ class AsyncClient:
                 if not resp.next_page_token:
                     return
                 req = gateway_pb2.ListJobsRequest()
+                req.CopyFrom(first)
+                req.page_token = resp.next_page_token
+
+        return pages()
+
+    def list_all_jobs(self, tenant: str = "", states: Iterable[JobState | str] = (),
+                      page_size: int = DEFAULT_PAGE_SIZE) -> AsyncIterator[Job]:
+        """Operator: every tenant's jobs (or `tenant`'s; only in `states` when given), in
+        submission order, page after page."""
+        check_page_size(page_size)
+        first = list_all_jobs_request(tenant, states, page_size)  # bad state names fail here
+        self._settings.metadata(operator=True)
+
+        async def pages() -> AsyncIterator[Job]:
+            req = first
+            while True:
+                resp = await self._call(self._stub.ListAllJobs, req, operator=True)
+                for j in resp.jobs:
+                    yield Job.from_pb(j)
+                if not resp.next_page_token:
+                    return
+                req = gateway_pb2.ListAllJobsRequest()
                 req.CopyFrom(first)
                 req.page_token = resp.next_page_token
 

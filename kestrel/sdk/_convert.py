@@ -378,6 +378,13 @@ def list_jobs_request(states: Iterable[JobState | str | int], page_size: int,
         page_size=page_size, page_token=page_token)
 
 
+def list_all_jobs_request(tenant: str, states: Iterable[JobState | str | int],
+                          page_size: int) -> gateway_pb2.ListAllJobsRequest:
+    return gateway_pb2.ListAllJobsRequest(
+        tenant=tenant, states=[JobState.parse(s).to_pb() for s in states],  # type: ignore[misc]
+        page_size=page_size)
+
+
 # --- JSON ---------------------------------------------------------------------------------
 
 

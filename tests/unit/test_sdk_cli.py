@@ -81,6 +81,11 @@ class FakeClient:
         self._record("list_jobs", list(states), page_size=page_size)
         return iter(self.jobs)
 
+    def list_all_jobs(self, tenant: str = "", states: Any = (),
+                      page_size: int = 100) -> Iterator[Job]:
+        self._record("list_all_jobs", tenant, list(states), page_size=page_size)
+        return iter(self.jobs)
+
     def watch_job(self, job_id: str) -> Iterator[Job]:
         self._record("watch_job", job_id)
         return iter(self.watch)
@@ -243,6 +248,18 @@ def test_jobs_filters_by_state_and_renders_a_table(fake: FakeClient) -> None:
     assert fake.calls[0][1] == ([JobState.HELD, JobState.RUNNING],)
     assert "HELD" in result.stdout and "RUNNING" in result.stdout
     assert "waiting for budget" in result.stdout
+
+
+def test_the_operators_jobs_listing_filters_by_tenant_and_state_and_shows_the_tenant(
+        fake: FakeClient) -> None:
+    result = runner.invoke(app, ["-o", "wide", "tenants", "jobs", "acme", "--state", "held"])
+    assert result.exit_code == 0, result.output
+    assert fake.calls[0][0] == "list_all_jobs"
+    assert fake.calls[0][1] == ("acme", [JobState.HELD])
+    assert "jobs of acme" in result.stdout and "tenant" in result.stdout
+    every = runner.invoke(app, ["tenants", "jobs"])
+    assert every.exit_code == 0 and fake.calls[-1][1] == ("", [])
+    assert "jobs of every tenant" in every.stdout
 
 
 def test_global_json_applies_to_every_command(fake: FakeClient) -> None:
@@ -478,6 +495,7 @@ def test_on_a_terminal_tables_fit_it_unless_wide_is_asked(
     ["jobs"], ["job", "j-1"], ["cancel", "j-1"], ["runway"], ["usage"],
     ["submit", "--name", "x", "--gpus", "1", "--max-duration", "60"],
     ["tenants", "list"], ["tenants", "get", "acme"], ["tenants", "create", "acme"],
+    ["tenants", "jobs"], ["tenants", "jobs", "acme", "--state", "held"],
     ["tenants", "suspend", "acme"], ["tenants", "resume", "acme"],
     ["keys", "create", "acme"], ["keys", "revoke", "k1"],
     ["top-up", "acme", "5"], ["adjust", "acme", "-5", "--note", "n"],
