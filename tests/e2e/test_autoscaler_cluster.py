@@ -136,8 +136,11 @@ async def test_load_grows_the_endpoint_a_spent_budget_empties_it_a_top_up_restor
     assert all(a != b for a, b, _ in steps), steps  # published only when the size changed
     exhausted = [i for i, s in enumerate(steps) if s[1] == 0]
     assert exhausted and steps[exhausted[0]][2] == "runway_exhausted", steps
-    assert steps[-1][0] == 0 and steps[-1][1] >= 1, steps  # the top-up brought it back
-    assert steps[-1][2] in ("warm_pool_floor", "scale_from_zero"), steps
+    # The top-up brought it back: the first change after the exhaustion, whatever the
+    # autoscaler did since (a scale-down once the load stopped, on a slow run).
+    back_step = steps[exhausted[0] + 1:]
+    assert back_step and back_step[0][0] == 0 and back_step[0][1] >= 1, steps
+    assert back_step[0][2] in ("warm_pool_floor", "scale_from_zero"), steps
     await client.close()
 
 

@@ -202,8 +202,7 @@ class Harness:
     def cleanup(self) -> None:
         if self.proc is not None:
             self.proc.stop()
-        for tenant in self.tenants:
-            kc.delete_tenant_queue(self.api, f"kestrel-{tenant}")
+        kc.delete_tenant_queues(self.api, [f"kestrel-{t}" for t in self.tenants])
 
 
 @pytest.fixture
