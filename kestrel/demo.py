@@ -492,7 +492,7 @@ def console_line(env: dict[str, str], root: Path) -> str:
     """The operator console on what --keep left running: started here when it has been
     built (`make demo DEMO_ARGS=--keep` builds it first), else (the module run by hand)
     the command that builds and starts it."""
-    names = ("GATEWAY", "METER", "ADMISSION", "AUTOSCALER")
+    names = ("GATEWAY", "METER", "ADMISSION", "AUTOSCALER", "PLACER")
     wiring = {f"KESTREL_{n}_ADDR": env[f"KESTREL_{n}_ADDR"] for n in names}
     wiring["KESTREL_OPERATOR_TOKEN"] = env["KESTREL_OPERATOR_TOKEN"]
     port = os.environ.get("KESTREL_CONSOLE_PORT", "3000")
