@@ -35,6 +35,10 @@ AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a ta
 OutputOpt = Annotated[Output | None, typer.Option(
     "--output", "-o", case_sensitive=False, show_default=False,
     help="table (default), wide (never cut at the terminal's width) or json")]
+# The job listings' filters (`kestrel jobs`, `kestrel tenants jobs`).
+StatesOpt = Annotated[list[str] | None, typer.Option(
+    "--state", help="only jobs in this state, repeatable: held, running, ...")]
+LimitOpt = Annotated[int, typer.Option(min=1, help="show at most N jobs")]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ from rich.markup import escape
 from kestrel.cli import render
 from kestrel.cli._common import (
     AsJson,
+    LimitOpt,
     OutputOpt,
+    StatesOpt,
     client,
     err_console,
     parse_quota,
@@ -86,9 +88,7 @@ def list_(ctx: typer.Context, as_json: AsJson = False, output: OutputOpt = None)
 def jobs(ctx: typer.Context,
          tenant: Annotated[str, typer.Argument(help="only this tenant's (default: every "
                                                     "tenant's)")] = "",
-         state: Annotated[list[str] | None, typer.Option(
-             "--state", help="only jobs in this state, repeatable: held, running, ...")] = None,
-         limit: Annotated[int, typer.Option(min=1, help="show at most N jobs")] = 100,
+         state: StatesOpt = None, limit: LimitOpt = 100,
          as_json: AsJson = False, output: OutputOpt = None) -> None:
     """Every tenant's jobs, or TENANT's, in submission order (the operator's view)."""
     states = parse_states(state or [])

@@ -13,7 +13,9 @@ from rich.markup import escape
 from kestrel.cli import render
 from kestrel.cli._common import (
     AsJson,
+    LimitOpt,
     OutputOpt,
+    StatesOpt,
     client,
     err_console,
     parse_duration,
@@ -59,9 +61,7 @@ def submit(ctx: typer.Context,
 
 
 def jobs(ctx: typer.Context,
-         state: Annotated[list[str] | None, typer.Option(
-             "--state", help="only jobs in this state, repeatable: held, running, ...")] = None,
-         limit: Annotated[int, typer.Option(min=1, help="show at most N jobs")] = 100,
+         state: StatesOpt = None, limit: LimitOpt = 100,
          as_json: AsJson = False, output: OutputOpt = None) -> None:
     """The tenant's jobs."""
     states = parse_states(state or [])

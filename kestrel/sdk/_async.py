@@ -170,22 +170,8 @@ class AsyncClient:
                   page_size: int = DEFAULT_PAGE_SIZE) -> AsyncIterator[Job]:
         """Every job of the tenant (only in `states` when given), page after page."""
         check_page_size(page_size)
-        first = list_jobs_request(states, page_size, "")
-        self._settings.metadata(operator=False)
-
-        async def pages() -> AsyncIterator[Job]:
-            req = first
-            while True:
-                resp = await self._call(self._stub.ListJobs, req, operator=False)
-                for j in resp.jobs:
-                    yield Job.from_pb(j)
-                if not resp.next_page_token:
-                    return
-                req = gateway_pb2.ListJobsRequest()
-                req.CopyFrom(first)
-                req.page_token = resp.next_page_token
-
-        return pages()
+        first = list_jobs_request(states, page_size, "")  # bad state names fail here
+        return self._jobs(self._stub.ListJobs, first, operator=False)
 
     def list_all_jobs(self, tenant: str = "", states: Iterable[JobState | str] = (),
                       page_size: int = DEFAULT_PAGE_SIZE) -> AsyncIterator[Job]:
@@ -193,17 +179,22 @@ class AsyncClient:
         submission order, page after page."""
         check_page_size(page_size)
         first = list_all_jobs_request(tenant, states, page_size)  # bad state names fail here
-        self._settings.metadata(operator=True)
+        return self._jobs(self._stub.ListAllJobs, first, operator=True)
+
+    def _jobs(self, method: Any, first: Any, *, operator: bool) -> AsyncIterator[Job]:
+        """The jobs of `first`'s listing and of every page after it (the same request
+        with each next_page_token). Credentials are checked now, the pages read lazily."""
+        self._settings.metadata(operator=operator)
 
         async def pages() -> AsyncIterator[Job]:
             req = first
             while True:
-                resp = await self._call(self._stub.ListAllJobs, req, operator=True)
+                resp = await self._call(method, req, operator=operator)
                 for j in resp.jobs:
                     yield Job.from_pb(j)
                 if not resp.next_page_token:
                     return
-                req = gateway_pb2.ListAllJobsRequest()
+                req = type(first)()
                 req.CopyFrom(first)
                 req.page_token = resp.next_page_token
 

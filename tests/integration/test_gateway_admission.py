@@ -13,7 +13,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from kestrel.sdk import AsyncClient
+from kestrel.sdk import AsyncClient, Client
 from kestrel.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import OPERATOR_TOKEN, Plane
 from tests.integration.helpers import eventually, publish_events, wev
@@ -257,9 +257,18 @@ async def test_the_operator_lists_every_tenants_jobs_by_tenant_and_state_page_by
     assert [j.job_id for j in held] == [a2.job_id] and "held until" in held[0].reason
     assert await every("nobody") == []
     # The SDK's operator call (and `kestrel tenants jobs`) walks the same pages.
-    async with AsyncClient(api.plane.address("gateway"), operator_token=OPERATOR_TOKEN) as op:
+    address = api.plane.address("gateway")
+    async with AsyncClient(address, operator_token=OPERATOR_TOKEN) as op:
         assert [j.job_id async for j in op.list_all_jobs("lista", ["held"], page_size=1)] == [
             a2.job_id]
+
+    def sync_listings() -> tuple[list[str], list[str]]:
+        with Client(address, operator_token=OPERATOR_TOKEN) as op:
+            every_a = [j.job_id for j in op.list_all_jobs("lista", page_size=1)]
+        with Client(address, api_key=a[0][1].removeprefix("Bearer ")) as tenant_a:
+            own = [j.job_id for j in tenant_a.list_jobs(page_size=1)]
+        return every_a, own
+    assert await asyncio.to_thread(sync_listings) == ([a1.job_id, a2.job_id],) * 2
     # A token is bound to its query: reused for another tenant, it is refused.
     first = await api.stub.ListAllJobs(gateway_pb2.ListAllJobsRequest(
         tenant="lista", page_size=1), metadata=OP)
