@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from kestrel.workloads import CPU_FLAVOR as CPU_FLAVOR  # re-exported: kc.CPU_FLAVOR
+from kestrel.workloads import POOL_LABEL, SIMULATED_LABEL
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -507,8 +508,8 @@ POD_CIDR = os.environ.get("KESTREL_POD_CIDR", "10.244.250.0/24")
 CNI_BIN_DIR = Path(os.environ.get("KESTREL_CNI_BIN_DIR", "/usr/lib/cni"))
 CPU_NODE_SELECTOR = "kestrel.dev/pool=cpu,kestrel.dev/simulated=false"
 CPU_NODE_LABELS = {
-    "kestrel.dev/pool": "cpu",
-    "kestrel.dev/simulated": "false",
+    POOL_LABEL: "cpu",
+    SIMULATED_LABEL: "false",
     "kestrel.dev/flavor": CPU_FLAVOR,
 }
 IMAGES_SRC = REPO_ROOT / "images"

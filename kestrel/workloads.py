@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import enum
+import re
 
 # On every Job the placer creates and its pod template (so Kueue's Workload carries
 # them in spec.podSets[].template): which Kestrel job and tenant it belongs to.
 JOB_ID_LABEL = "kestrel.dev/job-id"
 TENANT_LABEL = "kestrel.dev/tenant"
+# A tenant id where it may stand in a label value or a NATS subject token: 1-63 of a-z,
+# 0-9 and '-', a letter or digit at each end. (The gateway creates tenants under a
+# stricter bound, leaving room for the namespace prefix.) \Z, not $: "$" also matches
+# before a trailing newline ("w\n" passed, then failed as a NATS subject: INTERNAL;
+# found by the issue-17 fuzzer).
+TENANT_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+# On every node: its pool ("gpu", "cpu", "cpu-sim") and whether it is a KWOK fake.
+POOL_LABEL = "kestrel.dev/pool"
+SIMULATED_LABEL = "kestrel.dev/simulated"
 # On a Workload that admission deactivates (spec.active=false): why, in words a
 # person reads in the job's reason ("evicted: tenant acme's budget is spent"),
 # where Kueue's own condition says only "Deactivated".

@@ -15,12 +15,11 @@ from kestrel.grpcserver import map_errors
 from kestrel.money import MoneyError, fmt, parse_amount
 from kestrel.paging import after_int, encode_token
 from kestrel.v1 import meter_pb2, meter_pb2_grpc
+from kestrel.workloads import TENANT_ID_RE
 from services.meter.core import Meter
 from services.meter.wire import row_to_wire, runway_to_wire
 
-# \Z, not $: "$" also matches before a trailing newline ("w\n" passed, then failed as
-# a NATS subject: INTERNAL). Found by the issue-17 fuzzer.
-TENANT_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+# \Z, not $ (see TENANT_ID_RE).
 FLAVOR_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
 MAX_PAGE = 1000
@@ -30,7 +29,7 @@ Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
 
 def check_tenant(v: Violations, tenant: str, field: str = "tenant") -> None:
-    if not TENANT_RE.match(tenant):
+    if not TENANT_ID_RE.match(tenant):
         v.add(field, "must be 1-63 characters of a-z, 0-9 and '-', starting and ending "
                      "with a letter or digit")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any, TypeAlias
 
 import grpc
@@ -10,11 +9,11 @@ import grpc
 from kestrel.errors import Unimplemented, Violations
 from kestrel.grpcserver import map_errors
 from kestrel.v1 import placer_pb2, placer_pb2_grpc
+from kestrel.workloads import TENANT_ID_RE
 from services.placer import manifests
 from services.placer.core import Placer, check_tenant_name
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
-LABEL_VALUE_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 
 
 @map_errors
@@ -72,7 +71,7 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
 
     async def ListClusterQueues(self, request: placer_pb2.ListClusterQueuesRequest,
                                 context: Ctx) -> placer_pb2.ListClusterQueuesResponse:
-        if request.tenant and not LABEL_VALUE_RE.match(request.tenant):
+        if request.tenant and not TENANT_ID_RE.match(request.tenant):
             # It goes into a label selector: nothing but a label value may.
             v = Violations()
             v.add("tenant", "must be a tenant name (lowercase letters, digits and '-')")

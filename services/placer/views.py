@@ -7,11 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kestrel.v1 import placer_pb2
-from kestrel.workloads import TENANT_LABEL
+from kestrel.workloads import POOL_LABEL, SIMULATED_LABEL, TENANT_LABEL
 from services.placer.lifecycle import FLAVOR_NODE_LABEL, GPU
-
-POOL_LABEL = "kestrel.dev/pool"
-SIMULATED_LABEL = "kestrel.dev/simulated"
 
 
 def node_view(node: Mapping[str, Any]) -> placer_pb2.ClusterNode:
