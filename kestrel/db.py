@@ -82,21 +82,26 @@ async def migrate(conn: asyncpg.Connection, component: str, directory: Path) -> 
 async def migrate_component(endpoints: Endpoints, component: str, directory: Path) -> list[str]:
     """Migrate `component` over the owner's connection (KESTREL_POSTGRES_OWNER_DSN).
 
-    Without one, over the service's own DSN as before, with a warning: that only
-    works while the service connects as the tables' owner or a superuser, which is
-    exactly what the separate owner exists to avoid."""
-    dsn = endpoints.postgres_owner_dsn
-    if not dsn:
-        log.warning("KESTREL_POSTGRES_OWNER_DSN is not set: migrating %s over the service's "
-                    "own connection; set it so the service can run as a role that owns "
-                    "nothing (README: the ledger and the runway)", component)
-        dsn = endpoints.postgres_dsn
+    Without one, over the service's own DSN: a schema already current (migrated by
+    `python -m kestrel.migrate`, as the Helm chart's init containers do) needs only a
+    SELECT, which the service's own role may run. Anything left to apply then fails
+    unless the service connects as the tables' owner or a superuser, which is exactly
+    what the separate owner exists to avoid: that is warned about."""
+    owner = bool(endpoints.postgres_owner_dsn)
+    dsn = endpoints.postgres_owner_dsn or endpoints.postgres_dsn
 
     async def connect() -> asyncpg.Connection:
         return await asyncpg.connect(dsn, command_timeout=120)
 
-    conn: asyncpg.Connection = await retry_forever("postgres connect (owner)", connect)
+    conn: asyncpg.Connection = await retry_forever(
+        f"postgres connect ({'owner' if owner else component})", connect)
     try:
-        return await migrate(conn, component, directory)
+        applied = await migrate(conn, component, directory)
     finally:
         await conn.close()
+    if applied and not owner:
+        log.warning("KESTREL_POSTGRES_OWNER_DSN is not set: %s migrated over the service's "
+                    "own connection; set it (or run python -m kestrel.migrate) so the "
+                    "service can run as a role that owns nothing (README: the ledger and "
+                    "the runway)", component)
+    return applied

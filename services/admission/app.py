@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -16,6 +15,7 @@ from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.jobs import JobRow
+from kestrel.kubeclient import kubeconfig_usable
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.service import drain, every, serve_metrics
 from kestrel.v1 import admission_pb2, admission_pb2_grpc
@@ -107,7 +107,7 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
                                                       server.server)
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
-    if config.runway_check and os.path.exists(config.kubeconfig):  # noqa: ASYNC240
+    if config.runway_check and kubeconfig_usable(config.kubeconfig):
         controller = RunwayCheckController(admission, config.kubeconfig, config.runway_check)
         log.info("runway admission check %s on %s", config.runway_check, config.kubeconfig)
     else:

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from kestrel.cluster import KUEUE_API_VERSION, KUEUE_GROUP
+from kestrel.kubeclient import new_api_client
 from kestrel.workloads import EVICTION_REASON_ANNOTATION, TENANT_LABEL, budget_spent_reason
 from services.admission.core import Admission
 from services.admission.runway_check import (
@@ -73,8 +73,7 @@ class Kueue:
     """Blocking calls; run them in threads."""
 
     def __init__(self, kubeconfig: str) -> None:
-        new_client = cast(Callable[..., Any], k8s_config.new_client_from_config)
-        self.custom: Any = k8s.CustomObjectsApi(new_client(config_file=kubeconfig))
+        self.custom: Any = k8s.CustomObjectsApi(new_api_client(kubeconfig, 4))
 
     def workloads(self) -> tuple[list[dict[str, Any]], str]:
         resp = self.custom.list_cluster_custom_object(KUEUE_GROUP, KUEUE_API_VERSION,

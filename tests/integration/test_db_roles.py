@@ -8,7 +8,11 @@ append-only triggers that a table's owner or a superuser would have.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 from pathlib import Path
@@ -16,8 +20,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from kestrel.db import migrate
+from kestrel.config import Endpoints
+from kestrel.db import migrate, migrate_component
 from kestrel.devstack import Stack
+from kestrel.migrate import directory as migrations_of
 from kestrel.pgroles import (
     LOGIN_ROLES,
     OWNER_ROLE,
@@ -243,3 +249,40 @@ async def test_provisioning_adopts_a_database_the_superuser_migrated(
             await meter.execute("ALTER TABLE ledger DISABLE TRIGGER USER")
     finally:
         await meter.close()
+
+
+async def test_kestrel_migrate_applies_every_schema_as_the_owner_then_services_need_no_owner(
+        database: str, role_dsn: Callable[[str], str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """What the Helm chart's init containers run: the services then start with their
+    own roles only, find their schema current, and warn about nothing."""
+    env = {**os.environ, "KESTREL_POSTGRES_OWNER_DSN": role_dsn(OWNER_ROLE)}
+    first = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "kestrel.migrate"], env=env,
+        capture_output=True, text=True, check=True, timeout=120)
+    assert [line.split(":")[1].strip() for line in first.stdout.splitlines()] == [
+        "meter", "gateway", "admission"]
+    assert all("applied 0001_" in line for line in first.stdout.splitlines())
+    again = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "kestrel.migrate", "meter"], env=env,
+        capture_output=True, text=True, check=True, timeout=120)
+    assert again.stdout.strip() == "migrate: meter: up to date"
+    for component, migrations in COMPONENTS:
+        assert migrations_of(component) == migrations
+        own = Endpoints(nats_url="", redis_url="",
+                        postgres_dsn=role_dsn(SERVICE_ROLES[component]))
+        with caplog.at_level("WARNING", logger="kestrel"):
+            assert await migrate_component(own, component, migrations) == []
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_kestrel_migrate_refuses_without_the_owner_or_an_unknown_component() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "KESTREL_POSTGRES_OWNER_DSN"}
+    none = subprocess.run([sys.executable, "-m", "kestrel.migrate"], env=env,
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert none.returncode == 2
+    assert "KESTREL_POSTGRES_OWNER_DSN is not set" in none.stderr
+    bad = subprocess.run([sys.executable, "-m", "kestrel.migrate", "ledger"], env=env,
+                         capture_output=True, text=True, check=False, timeout=60)
+    assert bad.returncode == 2
+    assert "unknown component ledger" in bad.stderr
