@@ -9,7 +9,7 @@
 # Only the Go module proxy is used (GOTOOLCHAIN=local: no toolchain download).
 #
 # Usage: cluster/build.sh [component...]   components: etcd kwok kueue kube kubelet
-#        (default: all).  Env: KESTREL_CACHE (default ~/.cache/kestrel),
+#        (default: all; grpcurl and helm only when named).  Env: KESTREL_CACHE (default ~/.cache/kestrel),
 #        KESTREL_BUILD_JOBS (go build -p, default 2).
 set -euo pipefail
 shopt -s inherit_errexit  # a failure inside $(...) stops the build too (prepare_kube_module)
@@ -205,6 +205,19 @@ build_grpcurl() {
     mv "$tmp/grpcurl" "$BIN/grpcurl-$v" && rm -rf "$tmp"
 }
 
+build_helm() {
+    local v="$HELM_VERSION" dir="$WORK/helm-$HELM_VERSION"
+    if cached "$v" helm; then log "helm $v: cached"; return; fi
+    log "helm $v: fetching helm.sh/helm/v3@$v"
+    prepare_module "$dir"
+    (cd "$dir" && go get "helm.sh/helm/v3/cmd/helm@$v")
+    local tmp; tmp="$(mktemp -d "$WORK/out.XXXX")"
+    (cd "$dir" && CGO_ENABLED=0 go_build "helm $v" "$tmp" \
+        -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v" \
+        helm.sh/helm/v3/cmd/helm)
+    mv "$tmp/helm" "$BIN/helm-$v" && rm -rf "$tmp"
+}
+
 components=("$@")
 if (( ${#components[@]} == 0 )); then components=(etcd kwok kueue kube kubelet); fi
 t0=$SECONDS
@@ -217,6 +230,7 @@ for c in "${components[@]}"; do
         kube) build_kube ;;
         kubelet) build_kubelet ;;
         grpcurl) build_grpcurl ;;
+        helm) build_helm ;;
         *) echo "unknown component: $c" >&2; exit 2 ;;
     esac
     log "component $c finished in $((SECONDS - s))s"
