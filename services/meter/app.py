@@ -31,9 +31,10 @@ from services.meter.wire import runway_changed
 
 log = logging.getLogger("kestrel.meter")
 
-# Credits per GPU-second (H100 3.60/h, A10 1.08/h), applied only to flavors
-# without a price row yet; operators change prices with SetPrice.
-DEFAULT_PRICES = "gpu-h100=0.001,gpu-a10=0.0003"
+# Credits per GPU-second (H100 3.60/h, A10 1.08/h) and per core-second on the CPU pool
+# (0.072/h), applied only to flavors without a price row yet; operators change prices
+# with SetPrice. Without a `cpu` price no CPU endpoint could reserve its horizon.
+DEFAULT_PRICES = "gpu-h100=0.001,gpu-a10=0.0003,cpu=0.00002"
 
 
 @dataclass(frozen=True)
