@@ -8,7 +8,7 @@ include cluster/versions.env
 
 .PHONY: help setup proto proto-check buf-lint buf-breaking lint test test-unit \
         test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-jobs bench-infer bench-autoscale up down status grpcurl \
-        devstack-up devstack-down devstack-status clean sim-autoscale
+        helm helm-check compose compose-check compose-up compose-down devstack-up devstack-down devstack-status clean sim-autoscale
 
 help: ## This list
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -34,7 +34,7 @@ buf-breaking: setup ## Compare proto/ with main (skipped while main has no proto
 	  echo "buf-breaking: no breaking change against main"; \
 	else echo "buf-breaking: main has no protos yet, skipped"; fi
 
-lint: setup proto-check buf-lint buf-breaking prom-lint ## ruff, mypy, buf lint, buf breaking, fresh stubs, alert rules
+lint: setup proto-check buf-lint buf-breaking prom-lint compose-check ## ruff, mypy, buf lint, buf breaking, fresh stubs, alert rules, docker-compose.yml
 	$(PY) -m ruff check kestrel services tests bench
 	$(PY) -m mypy kestrel services tests bench
 
@@ -93,6 +93,28 @@ status: ## Is the plane serving?
 grpcurl: setup ## Build the pinned grpcurl (cached) into .venv/bin
 	@cluster/build.sh grpcurl >/dev/null && \
 	  ln -sf $(HOME)/.cache/kestrel/bin/grpcurl-$(GRPCURL_VERSION) .venv/bin/grpcurl
+
+helm: setup ## Build the pinned helm (cached) into .venv/bin
+	@cluster/build.sh helm >/dev/null && \
+	  ln -sf $(HOME)/.cache/kestrel/bin/helm-$(HELM_VERSION) .venv/bin/helm
+
+helm-check: setup helm ## The chart: lint, template, server-side dry run, install on the real node, helm test, upgrade, rollback
+	$(PY) -m kestrel.helmcheck $(HELM_CHECK_ARGS)
+
+compose: setup ## Build Compose v2 (cached) and install it as the docker CLI plugin
+	$(PY) -c "from kestrel import dockerd; dockerd.compose_plugin()"
+
+compose-check: compose ## docker-compose.yml is valid (docker compose config)
+	docker compose config --quiet && echo "compose: docker-compose.yml valid"
+
+compose-up: setup compose ## The whole stack in containers: engine, image, local cluster, then up --wait
+	$(PY) -m kestrel.dockerd images
+	PY=$(PY) cluster/up
+	docker compose up -d --wait
+	docker compose ps
+
+compose-down: ## Stop it (the stores' volumes stay; `docker compose down -v` drops them)
+	docker compose down
 
 devstack-up: setup ## Start Postgres, NATS, Redis on loopback (.run/devstack)
 	$(PY) -m kestrel.devstack up

