@@ -51,12 +51,13 @@ class Policy:
 
 @dataclass(frozen=True)
 class Hold:
-    """An open reservation and what the ledger says it has consumed so far."""
+    """An open reservation and what the ledger says it has consumed so far. A hold
+    whose allocation the meter closed is released, not kept as a closed Hold
+    (Admission._snapshot)."""
 
     job_id: str
     amount: Decimal
     consumed: Decimal = ZERO
-    closed: bool = False  # the meter closed its allocation: the hold is spent
     # An endpoint replica's hold: it keeps the whole amount (its horizon) for as long
     # as the replica runs, whatever the ledger has consumed; open-ended work never
     # "uses up" its reservation.
@@ -65,7 +66,7 @@ class Hold:
     @property
     def held(self) -> Decimal:
         """kestrel.budget's one formula for what a hold still holds."""
-        return budget.Hold(self.amount, self.consumed, self.closed, self.rolling).held
+        return budget.Hold(self.amount, self.consumed, rolling=self.rolling).held
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,6 @@ from services.admission.runway_check import (
 )
 
 log = logging.getLogger("kestrel.admission.runway_check")
-CONTROLLER_NAME = "kestrel.dev/runway"
 
 
 def _now() -> str:

@@ -9,7 +9,6 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from kestrel.clock import now_us
 from kestrel.errors import NotFound, Violations
 from kestrel.grpcserver import map_errors
 from kestrel.money import MoneyError, fmt, parse_amount
@@ -170,4 +169,4 @@ class MeterServicer(meter_pb2_grpc.MeterServicer):
             effective_us=eff))
 
 
-__all__ = ["MeterServicer", "now_us"]
+__all__ = ["MeterServicer"]

@@ -147,11 +147,6 @@ class MeterStore:
                                   RowKind(r["kind"])), r["recorded_us"]) for r in rows[:limit]]
         return UsagePage(page, page[-1][0] if len(rows) > limit else None)
 
-    async def open_allocation_count(self, tenant: str) -> int:
-        return int(await self.pool.fetchval(
-            "SELECT count(*) FROM allocations WHERE tenant = $1 AND status = $2",
-            tenant, AllocStatus.OPEN.value))
-
     # --- writes --------------------------------------------------------------
 
     async def ensure_tenant(self, tenant: str, now_us: int) -> bool:

@@ -28,8 +28,10 @@ D = Decimal
 ])
 def test_what_a_hold_still_holds(hold: budget.Hold, held: Decimal) -> None:
     assert hold.held == held
-    # admission's own Hold answers with the same formula
-    assert Hold("j", hold.amount, hold.consumed, hold.closed, hold.rolling).held == held
+    # admission's own Hold (open by definition: a closed one is released) answers
+    # with the same formula
+    if not hold.closed:
+        assert Hold("j", hold.amount, hold.consumed, hold.rolling).held == held
 
 
 def test_a_running_replica_keeps_reserving_its_horizon_in_admissions_budget() -> None:
