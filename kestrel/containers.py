@@ -222,10 +222,11 @@ def healthy(name: str) -> bool:
         with socket.create_connection((HOST, PORTS["redis"]), timeout=2) as s:
             s.sendall(b"PING\r\n")
             return s.recv(16).startswith(b"+PONG")
-    import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(f"{HOST}:{PORTS[name]}") as channel:
+    from kestrel.tls import channel as tls_channel
+
+    with tls_channel(f"{HOST}:{PORTS[name]}") as channel:
         resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
                                                         timeout=3)
         return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)

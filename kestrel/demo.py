@@ -48,6 +48,7 @@ from kestrel.cli import render
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
 from kestrel.sdk import AsyncClient, Endpoint, Job, JobState, KestrelError, Runway
+from kestrel.tls import aio_channel
 from kestrel.v1 import autoscaler_pb2, autoscaler_pb2_grpc
 
 _probe = Console()
@@ -247,7 +248,7 @@ class Demo:
     async def scale_reason(self, run: EndpointRun) -> str:
         if not self.autoscaler or run.endpoint is None:
             return ""
-        async with grpc.aio.insecure_channel(self.autoscaler) as ch:
+        async with aio_channel(self.autoscaler) as ch:
             try:
                 got = await autoscaler_pb2_grpc.AutoscalerStub(ch).GetScaleState(
                     autoscaler_pb2.GetScaleStateRequest(

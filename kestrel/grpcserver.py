@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
 from kestrel.errors import InvalidArgument, KestrelError, to_status
+from kestrel.tls import Tls
 from kestrel.validation import check_strings
 
 log = logging.getLogger("kestrel.grpc")
@@ -205,7 +206,10 @@ class Server:
         self.service_names = list(service_names)
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        tls = Tls.from_env()  # KESTREL_TLS_*: TLS, mutual when a CA is given
+        self.tls = tls.serving
+        self.port = (self.server.add_secure_port(f"{host}:{port}", tls.server_credentials())
+                     if tls.serving else self.server.add_insecure_port(f"{host}:{port}"))
         self.address = f"{host}:{self.port}"
 
     async def start(self) -> None:

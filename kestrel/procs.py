@@ -17,14 +17,19 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kestrel.tls import Tls
+from kestrel.tls import channel as tls_channel
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def wait_serving(address: str, timeout_s: float = 30.0, service: str = "",
-                 proc: subprocess.Popen[bytes] | None = None, log: Path | None = None) -> None:
-    """Poll grpc.health.v1 until SERVING (or the process dies)."""
+                 proc: subprocess.Popen[bytes] | None = None, log: Path | None = None,
+                 tls: Tls | None = None) -> None:
+    """Poll grpc.health.v1 until SERVING (or the process dies). `tls`: how to dial
+    (default: KESTREL_TLS_* of this process)."""
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
+    with tls_channel(address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
@@ -65,7 +70,7 @@ class ServiceProcess:
         # Ask for this service by name: another server on the same port (a port that
         # two free_port() calls both handed out) must not pass for it.
         wait_serving(self.grpc_address, timeout_s, service=f"kestrel.v1.{self.name.title()}",
-                     proc=self.proc, log=self.log_path)
+                     proc=self.proc, log=self.log_path, tls=Tls.from_env(env))
         return self
 
     @property

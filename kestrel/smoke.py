@@ -26,6 +26,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kestrel.sdk import Client, JobState, NotFound
+from kestrel.tls import channel as tls_channel
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ def health(name: str, address: str, timeout_s: float) -> Line:
     """grpc.health.v1 Check of the server as a whole (service "")."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
-    with grpc.insecure_channel(address) as channel:
+    with tls_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:

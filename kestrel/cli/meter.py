@@ -14,6 +14,7 @@ from rich.table import Table
 from kestrel.cli import render
 from kestrel.cli._common import AsJson, OutputOpt, cell, fail
 from kestrel.sdk import Runway, UsageRow
+from kestrel.tls import channel as tls_channel
 from kestrel.v1 import common_pb2, meter_pb2, meter_pb2_grpc
 
 app = typer.Typer(help="Operator: talk to the meter directly (ledger, runway, credits).",
@@ -30,7 +31,7 @@ def _fail(exc: grpc.RpcError) -> NoReturn:
 
 
 def _meter(addr: str) -> meter_pb2_grpc.MeterStub:
-    return meter_pb2_grpc.MeterStub(grpc.insecure_channel(addr))
+    return meter_pb2_grpc.MeterStub(tls_channel(addr))
 
 
 def _runway(r: common_pb2.Runway) -> list[RenderableType]:

@@ -39,6 +39,7 @@ from kestrel.sdk._endpoints import (
     infer_request,
 )
 from kestrel.sdk._errors import from_rpc_error
+from kestrel.tls import aio_channel
 from kestrel.v1 import gateway_pb2, gateway_pb2_grpc
 
 R = TypeVar("R")
@@ -57,7 +58,7 @@ class AsyncClient:
         addr = self._settings.address
         self._channel: grpc.aio.Channel = (
             grpc.aio.secure_channel(addr, channel_credentials)
-            if channel_credentials is not None else grpc.aio.insecure_channel(addr))
+            if channel_credentials is not None else aio_channel(addr))
         self._stub = gateway_pb2_grpc.GatewayStub(self._channel)
 
     @property

@@ -34,6 +34,7 @@ from kestrel.sdk._endpoints import (
     infer_request,
 )
 from kestrel.sdk._errors import from_rpc_error
+from kestrel.tls import channel as tls_channel
 from kestrel.v1 import gateway_pb2, gateway_pb2_grpc
 
 R = TypeVar("R")
@@ -54,7 +55,7 @@ class Client:
         addr = self._settings.address
         self._channel: grpc.Channel = (
             grpc.secure_channel(addr, channel_credentials) if channel_credentials is not None
-            else grpc.insecure_channel(addr))
+            else tls_channel(addr))
         self._stub = gateway_pb2_grpc.GatewayStub(self._channel)
 
     @property

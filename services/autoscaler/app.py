@@ -12,7 +12,6 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import redis.asyncio as aioredis
 from nats.js.api import DeliverPolicy
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -24,6 +23,7 @@ from kestrel.kubeclient import new_api_client
 from kestrel.lease import Elector
 from kestrel.metrics import GrpcMetrics
 from kestrel.service import every, serve_metrics
+from kestrel.tls import aio_channel
 from kestrel.v1 import (
     autoscaler_pb2,
     autoscaler_pb2_grpc,
@@ -95,8 +95,8 @@ async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
     js = nc.jetstream()
     await bus.retry_forever("ensure streams", lambda: bus.ensure_streams(js))
     redis = aioredis.Redis.from_url(config.endpoints.redis_url, socket_connect_timeout=5.0)
-    gw_channel = grpc.aio.insecure_channel(config.gateway_addr)
-    meter_channel = grpc.aio.insecure_channel(config.meter_addr)
+    gw_channel = aio_channel(config.gateway_addr)
+    meter_channel = aio_channel(config.meter_addr)
     registry = CollectorRegistry()
     replicas = Gauge("kestrel_autoscaler_replicas", "Replicas an endpoint has (live)",
                      ["tenant", "endpoint"], registry=registry)

@@ -9,7 +9,6 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from prometheus_client import CollectorRegistry
 
 from kestrel import bus
@@ -18,6 +17,7 @@ from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.metrics import GrpcMetrics
 from kestrel.service import drain, serve_metrics
+from kestrel.tls import aio_channel
 from kestrel.v1 import (
     admission_pb2_grpc,
     gateway_pb2,
@@ -88,9 +88,9 @@ async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
                               config.redis_wait_s)
     store = GatewayStore(pool)
     await migrate_component(config.endpoints, "gateway", MIGRATIONS)
-    admission_ch = grpc.aio.insecure_channel(config.admission_addr)
-    meter_ch = grpc.aio.insecure_channel(config.meter_addr)
-    placer_ch = grpc.aio.insecure_channel(config.placer_addr) if config.placer_addr else None
+    admission_ch = aio_channel(config.admission_addr)
+    meter_ch = aio_channel(config.meter_addr)
+    placer_ch = aio_channel(config.placer_addr) if config.placer_addr else None
     hub = ReplyHub(config.endpoints.redis_url)  # Infer's replies: one reader per gateway
     hub.start()
     servicer = GatewayServicer(
