@@ -122,5 +122,5 @@ def test_a_half_configured_certificate_is_a_clear_error(
     with pytest.raises(ValueError, match="go together"):
         Tls.from_env()
     monkeypatch.setenv(KEY, str(certs / "missing.key"))
-    with pytest.raises(ValueError, match="missing.key"):
+    with pytest.raises(ValueError, match=r"missing\.key"):
         Tls.from_env()
