@@ -193,42 +193,32 @@ build_kubelet() {
     mv "$tmp/kubelet" "$BIN/kubelet-$v" && rm -rf "$tmp"
 }
 
-build_grpcurl() {
-    local v="$GRPCURL_VERSION" dir="$WORK/grpcurl-$GRPCURL_VERSION"
-    if cached "$v" grpcurl; then log "grpcurl $v: cached"; return; fi
-    log "grpcurl $v: fetching github.com/fullstorydev/grpcurl@$v"
+# build_tool <name> <version> <main package> <version variable>: a command from its
+# own module at the pinned version, static, into $BIN/<name>-<version>; the version is
+# stamped into the variable its --version prints.
+build_tool() {
+    local name="$1" v="$2" pkg="$3" xvar="$4" dir="$WORK/$1-$2"
+    if cached "$v" "$name"; then log "$name $v: cached"; return; fi
+    log "$name $v: fetching $pkg@$v"
     prepare_module "$dir"
-    (cd "$dir" && go get "github.com/fullstorydev/grpcurl/cmd/grpcurl@$v")
+    (cd "$dir" && go get "$pkg@$v")
     local tmp; tmp="$(mktemp -d "$WORK/out.XXXX")"
-    (cd "$dir" && go_build "grpcurl $v" "$tmp" -ldflags "-s -w -X main.version=$v" \
-        github.com/fullstorydev/grpcurl/cmd/grpcurl)
-    mv "$tmp/grpcurl" "$BIN/grpcurl-$v" && rm -rf "$tmp"
+    (cd "$dir" && CGO_ENABLED=0 go_build "$name $v" "$tmp" -ldflags "-s -w -X $xvar=$v" "$pkg")
+    mv "$tmp/${pkg##*/}" "$BIN/$name-$v" && rm -rf "$tmp"
+}
+
+build_grpcurl() {
+    build_tool grpcurl "$GRPCURL_VERSION" github.com/fullstorydev/grpcurl/cmd/grpcurl main.version
 }
 
 build_helm() {
-    local v="$HELM_VERSION" dir="$WORK/helm-$HELM_VERSION"
-    if cached "$v" helm; then log "helm $v: cached"; return; fi
-    log "helm $v: fetching helm.sh/helm/v3@$v"
-    prepare_module "$dir"
-    (cd "$dir" && go get "helm.sh/helm/v3/cmd/helm@$v")
-    local tmp; tmp="$(mktemp -d "$WORK/out.XXXX")"
-    (cd "$dir" && CGO_ENABLED=0 go_build "helm $v" "$tmp" \
-        -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v" \
-        helm.sh/helm/v3/cmd/helm)
-    mv "$tmp/helm" "$BIN/helm-$v" && rm -rf "$tmp"
+    build_tool helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
+        helm.sh/helm/v3/internal/version.version
 }
 
-build_compose() {
-    local v="$COMPOSE_VERSION" dir="$WORK/compose-$COMPOSE_VERSION"
-    if cached "$v" docker-compose; then log "docker compose $v: cached"; return; fi
-    log "docker compose $v: fetching github.com/docker/compose/v2@$v"
-    prepare_module "$dir"
-    (cd "$dir" && go get "github.com/docker/compose/v2/cmd@$v")
-    local tmp; tmp="$(mktemp -d "$WORK/out.XXXX")"
-    (cd "$dir" && CGO_ENABLED=0 go_build "docker compose $v" "$tmp" \
-        -ldflags "-s -w -X github.com/docker/compose/v2/internal.Version=$v" \
-        github.com/docker/compose/v2/cmd)
-    mv "$tmp/cmd" "$BIN/docker-compose-$v" && rm -rf "$tmp"
+build_compose() {  # the docker CLI plugin (kestrel/dockerd.py installs it)
+    build_tool docker-compose "$COMPOSE_VERSION" github.com/docker/compose/v2/cmd \
+        github.com/docker/compose/v2/internal.Version
 }
 
 components=("$@")

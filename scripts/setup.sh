@@ -10,6 +10,21 @@ stamp_dir=.venv/.stamps
 
 say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
 
+# apt_install_quiet <package...>: install without starting the daemons the packages
+# ship (service starts are refused while it runs, unless a policy is already in
+# place); the project starts its own instances, with their own state.
+apt_install_quiet() {
+  export DEBIAN_FRONTEND=noninteractive
+  local own_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  if [ -n "$own_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
+}
+
 if ! command -v redis-server >/dev/null 2>&1; then
   say "installing Debian packages: redis-server"
   export DEBIAN_FRONTEND=noninteractive
@@ -21,17 +36,8 @@ fi
 
 if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
   say "installing Debian packages: prometheus (promtool for make lint; the plane starts its own)"
-  export DEBIAN_FRONTEND=noninteractive
-  # No daemon on :9090: forbid service starts while the package installs (unless a
-  # policy is already in place), then make sure none is left enabled or running.
-  own_policy=""
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-    own_policy=1
-  fi
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-  if [ -n "$own_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
+  # No daemon on :9090: the plane starts its own.
+  apt_install_quiet prometheus
   (systemctl disable --now prometheus >/dev/null 2>&1 || service prometheus stop >/dev/null 2>&1) || true
 fi
 
@@ -59,15 +65,7 @@ fi
 # (cluster/build.sh compose) on first use: Debian has only v1.
 if ! command -v dockerd >/dev/null 2>&1 && [ ! -x /usr/sbin/dockerd ]; then
   say "installing Debian packages: docker.io (the engine docker-compose.yml runs on)"
-  export DEBIAN_FRONTEND=noninteractive
-  own_policy=""
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-    own_policy=1
-  fi
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends docker.io >/dev/null
-  if [ -n "$own_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
+  apt_install_quiet docker.io
   (systemctl disable --now docker docker.socket containerd >/dev/null 2>&1 ||
    service docker stop >/dev/null 2>&1) || true
 fi
