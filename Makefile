@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 include cluster/versions.env
 
 .PHONY: help setup proto proto-check buf-lint buf-breaking lint test test-unit \
-        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-jobs bench-infer bench-autoscale up down status grpcurl \
+        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-jobs bench-infer bench-autoscale soak up down status grpcurl \
         helm helm-check compose compose-check compose-up compose-down devstack-up devstack-down devstack-status clean sim-autoscale
 
 help: ## This list
@@ -74,6 +74,9 @@ bench-infer: setup ## Infer end to end (gateway -> Redis -> a worker replica) vs
 
 bench-autoscale: setup ## The autoscaler on the real cluster: scale up/down, cold start, exhaustion
 	$(PY) -m bench.autoscale $(BENCH_ARGS)
+
+soak: setup ## Mixed tenant load at half of saturation for SOAK_MINUTES (30): RSS, fds, p99 per minute
+	$(PY) -m bench.soak --minutes $${SOAK_MINUTES:-30} $(BENCH_ARGS)
 
 bench-jobs: setup ## The whole plane vs bare Kueue on the real cluster; the gate; the ledger vs Kubernetes
 	$(PY) -m bench.jobs $(BENCH_ARGS)
