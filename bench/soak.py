@@ -112,7 +112,8 @@ async def open_loop_minutes(mix: Mix, rate: float, minutes: float,
 
     n = 0
     last = -1
-    while (elapsed := time.perf_counter() - t0) < minutes * 60:
+    while n < rate * minutes * 60:  # by schedule: the last minute is a whole one
+        elapsed = time.perf_counter() - t0
         target = t0 + n / rate
         if (delay := target - time.perf_counter()) > 0:
             await asyncio.sleep(delay)
