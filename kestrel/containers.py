@@ -52,11 +52,11 @@ def _port(name: str, default: int) -> int:
     return int(os.environ.get(f"KESTREL_COMPOSE_{name}_PORT", default))
 
 
-PORTS = {"postgres": _port("POSTGRES", 55432), "nats": _port("NATS", 54222),
-         "nats_monitor": _port("NATS_MONITOR", 58222), "redis": _port("REDIS", 56379),
-         "gateway": _port("GATEWAY", 53051), "admission": _port("ADMISSION", 53052),
-         "meter": _port("METER", 53053), "placer": _port("PLACER", 53054),
-         "autoscaler": _port("AUTOSCALER", 53055), "prometheus": _port("PROMETHEUS", 59090)}
+PORTS = {"postgres": _port("POSTGRES", 25432), "nats": _port("NATS", 24222),
+         "nats_monitor": _port("NATS_MONITOR", 28222), "redis": _port("REDIS", 26379),
+         "gateway": _port("GATEWAY", 23051), "admission": _port("ADMISSION", 23052),
+         "meter": _port("METER", 23053), "placer": _port("PLACER", 23054),
+         "autoscaler": _port("AUTOSCALER", 23055), "prometheus": _port("PROMETHEUS", 29090)}
 METRICS_PORTS = {"gateway": _port("GATEWAY_METRICS", 9351),
                  "admission": _port("ADMISSION_METRICS", 9352),
                  "meter": _port("METER_METRICS", 9353), "placer": _port("PLACER_METRICS", 9354),

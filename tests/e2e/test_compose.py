@@ -29,9 +29,11 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = "kestrel-e2e"
-PORTS = {"POSTGRES": 45432, "NATS": 44222, "NATS_MONITOR": 48222, "REDIS": 46379,
-         "GATEWAY": 43051, "ADMISSION": 43052, "METER": 43053, "PLACER": 43054,
-         "AUTOSCALER": 43055, "PROMETHEUS": 49090, "GATEWAY_METRICS": 9451,
+# Below the kernel's ephemeral range (32768-60999): a fixed port up there can be taken
+# by any outgoing connection of the moment (one was: nats' 44222, "address in use").
+PORTS = {"POSTGRES": 21432, "NATS": 21222, "NATS_MONITOR": 21822, "REDIS": 21379,
+         "GATEWAY": 21051, "ADMISSION": 21052, "METER": 21053, "PLACER": 21054,
+         "AUTOSCALER": 21055, "PROMETHEUS": 21090, "GATEWAY_METRICS": 9451,
          "ADMISSION_METRICS": 9452, "METER_METRICS": 9453, "PLACER_METRICS": 9454,
          "AUTOSCALER_METRICS": 9455}
 SERVICES = ["provision", "postgres", "nats", "redis", "migrate", "meter", "admission",
