@@ -202,9 +202,7 @@ class AdmissionStore:
         """(tenant, job id, amount, state, rolling) of every unreleased reservation."""
         rows = await self.pool.fetch("""
             SELECT r.tenant, r.reservation_id, r.amount, j.state, r.rolling
-            FROM reservations r JOIN jobs j ON j.job_id = r.reservation_id
-            LEFT JOIN reservation_releases x ON x.reservation_id = r.reservation_id
-            WHERE x.reservation_id IS NULL""")
+            FROM open_reservations r JOIN jobs j ON j.job_id = r.reservation_id""")
         return [(r["tenant"], r["reservation_id"], r["amount"], r["state"], r["rolling"])
                 for r in rows]
 

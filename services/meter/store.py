@@ -111,17 +111,17 @@ class MeterStore:
         allocation has no ledger rows yet and holds its whole amount, so the ledger is
         summed only for the running ones: a tenant with a thousand queued jobs costs a
         thousand additions here, not a thousand ledger scans on every refresh. A rolling
-        reservation (an endpoint replica's) holds its whole amount while it runs."""
+        reservation (an endpoint replica's) holds its whole amount while it runs. Read from
+        open_reservations (migration 0008), so the cost follows what is open now rather
+        than every reservation the tenant ever made."""
         rows = await self.pool.fetch("""
             SELECT r.tenant, sum(CASE WHEN a.workload_id IS NULL OR r.rolling THEN r.amount
                 ELSE greatest(r.amount - coalesce((SELECT sum(l.cost) FROM ledger l
                                                    WHERE l.workload_id = r.workload_id), 0),
                               0) END) AS held
-            FROM reservations r
-            LEFT JOIN reservation_releases x ON x.reservation_id = r.reservation_id
+            FROM open_reservations r
             LEFT JOIN allocations a ON a.workload_id = r.workload_id
-            WHERE x.reservation_id IS NULL AND r.tenant = ANY($1::text[])
-              AND (a.status IS NULL OR a.status <> 2)
+            WHERE r.tenant = ANY($1::text[]) AND (a.status IS NULL OR a.status <> 2)
             GROUP BY r.tenant""", list(tenants))
         out = dict.fromkeys(tenants, ZERO)
         out.update({r["tenant"]: r["held"] for r in rows})

@@ -232,6 +232,10 @@ async def test_provisioning_adopts_a_database_the_superuser_migrated(
         assert await su.fetchval(
             "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE relname = 'ledger'") \
             == "postgres"
+        # Holds made before open_reservations existed: 0008 starts it with the open one.
+        await su.execute("""INSERT INTO reservations VALUES ('old-open', 'acme', 'w', 1, 0),
+                                                            ('old-done', 'acme', 'v', 1, 0);
+                            INSERT INTO reservation_releases VALUES ('old-done', 'x', 1)""")
         await su.execute(adopt_database_sql(database.rsplit("/", 1)[1]))
         await su.execute(adopt_database_sql(database.rsplit("/", 1)[1]))  # idempotent
     finally:
@@ -239,7 +243,10 @@ async def test_provisioning_adopts_a_database_the_superuser_migrated(
     owner = await asyncpg.connect(role_dsn(OWNER_ROLE))
     try:
         assert await migrate(owner, "meter", METER_MIGRATIONS) == [
-            "0005_roles.sql", "0006_ledger_chain.sql", "0007_rolling_reservations.sql"]
+            "0005_roles.sql", "0006_ledger_chain.sql", "0007_rolling_reservations.sql",
+            "0008_open_reservations.sql"]
+        assert await owner.fetchval("SELECT array_agg(reservation_id) FROM open_reservations") \
+            == ["old-open"]
     finally:
         await owner.close()
     meter = await asyncpg.connect(role_dsn(SERVICE_ROLES["meter"]))
@@ -286,3 +293,29 @@ def test_kestrel_migrate_refuses_without_the_owner_or_an_unknown_component() -> 
                          capture_output=True, text=True, check=False, timeout=60)
     assert bad.returncode == 2
     assert "unknown component ledger" in bad.stderr
+
+
+async def test_admission_holds_and_releases_but_only_the_triggers_write_open_reservations(
+        schema: str, role_dsn: Callable[[str], str]) -> None:
+    conn = await asyncpg.connect(role_dsn(SERVICE_ROLES["admission"]))
+    try:
+        await conn.execute("INSERT INTO reservations (reservation_id, tenant, workload_id, "
+                           "amount, created_us) VALUES ('h1', 'acme', 'h1', 2, 0)")
+        assert await conn.fetchval(
+            "SELECT amount FROM open_reservations WHERE reservation_id = 'h1'") == 2
+        for statement in ("DELETE FROM open_reservations",
+                          "UPDATE open_reservations SET amount = 0",
+                          "INSERT INTO open_reservations VALUES ('h2', 'acme', 'h2', 1, false)"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute(statement)
+        await conn.execute("INSERT INTO reservation_releases VALUES ('h1', 'done', 1)")
+        assert await conn.fetchval("SELECT count(*) FROM open_reservations") == 0
+    finally:
+        await conn.close()
+    for role in (SERVICE_ROLES["gateway"], SERVICE_ROLES["placer"]):
+        other = await asyncpg.connect(role_dsn(role))
+        try:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await other.fetchval("SELECT count(*) FROM open_reservations")
+        finally:
+            await other.close()
