@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import asyncpg
 import grpc
+import nats.errors
+import nats.js.errors
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
@@ -119,8 +122,31 @@ def _retry_info(seconds: float) -> any_pb2.Any:
                                           nanos=int((seconds % 1) * 1e9))))
 
 
+# A store or the bus away for now: Postgres restarting or its connection lost mid-query,
+# NATS reconnecting, a connect refused or timed out. The call did nothing it could
+# not repeat (each write is one transaction; publishes are de-duplicated by id), so the
+# client is told to retry rather than given INTERNAL for a fault that is not its own.
+TRANSIENT: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,       # class 08: the connection is gone
+    asyncpg.OperatorInterventionError,     # class 57: shutting down, starting up
+    nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError, nats.errors.NoServersError,
+    nats.errors.OutboundBufferLimitError, nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError,
+    ConnectionError, TimeoutError)
+
+
+def transient(exc: BaseException) -> bool:
+    return isinstance(exc, TRANSIENT)
+
+
 def to_status(exc: BaseException) -> status_pb2.Status:
     """The one mapping from exceptions to google.rpc.Status (with details)."""
+    if transient(exc):
+        return status_pb2.Status(
+            code=code_pb2.UNAVAILABLE,
+            message="a store this call needs is unavailable for now; retry",
+            details=[_retry_info(1.0)])
     if isinstance(exc, InvalidArgument):
         bad = error_details_pb2.BadRequest(
             field_violations=[

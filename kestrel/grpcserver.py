@@ -24,7 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
-from kestrel.errors import InvalidArgument, KestrelError, to_status
+from kestrel.errors import InvalidArgument, KestrelError, to_status, transient
 from kestrel.tls import Tls
 from kestrel.validation import check_strings
 
@@ -45,6 +45,14 @@ def _request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     return uuid.uuid4().hex[:16]
 
 
+def _log_failure(name: str, rid: str, exc: Exception) -> None:
+    if transient(exc):  # a store away: said once, without a traceback per call
+        log.warning("rpc %s request_id=%s -> UNAVAILABLE: %s: %s", name, rid,
+                    type(exc).__name__, exc)
+    else:
+        log.exception("rpc %s request_id=%s failed", name, rid)
+
+
 def _wrap_unary(name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -58,7 +66,7 @@ def _wrap_unary(name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., A
         except (grpc.aio.AbortError, grpc.aio.UsageError):
             raise
         except Exception as exc:
-            log.exception("rpc %s request_id=%s failed", name, rid)
+            _log_failure(name, rid, exc)
             await abort_with(context, exc)
         return None  # unreachable: abort raises
 
@@ -79,7 +87,7 @@ def _wrap_stream(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         except (grpc.aio.AbortError, grpc.aio.UsageError):
             raise
         except Exception as exc:
-            log.exception("rpc %s request_id=%s failed", name, rid)
+            _log_failure(name, rid, exc)
             await abort_with(context, exc)
 
     return wrapper

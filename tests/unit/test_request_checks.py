@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import asyncpg
 import grpc
+import nats.errors
+import nats.js.errors
 import pytest
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescriptor
@@ -279,6 +282,32 @@ def test_unavailable_carries_retry_info_like_resource_exhausted() -> None:
         assert status.code in (code_pb2.UNAVAILABLE, code_pb2.RESOURCE_EXHAUSTED)
         _, retry = details_of(status)
         assert retry == exc.retry_after_s
+
+
+@pytest.mark.parametrize("exc", [
+    asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+    asyncpg.CannotConnectNowError("the database system is starting up"),
+    asyncpg.exceptions.AdminShutdownError("terminating connection due to administrator command"),
+    ConnectionRefusedError(111, "Connect call failed"),
+    TimeoutError(),
+    nats.errors.ConnectionReconnectingError(),
+    nats.js.errors.NoStreamResponseError()], ids=lambda e: type(e).__name__)
+def test_a_store_or_the_bus_away_is_unavailable_with_retry_info_not_internal(
+        exc: Exception) -> None:
+    status = to_status(exc)
+    assert status.code == code_pb2.UNAVAILABLE
+    assert details_of(status)[1] == 1.0
+    assert "retry" in status.message
+    assert not str(exc) or str(exc) not in status.message  # the internals stay inside
+
+
+@pytest.mark.parametrize("exc", [KeyError("x"), asyncpg.UniqueViolationError("dup"),
+                                 asyncpg.InterfaceError("another operation is in progress")],
+                         ids=lambda e: type(e).__name__)
+def test_a_bug_or_a_constraint_is_still_internal_and_says_nothing_of_itself(
+        exc: Exception) -> None:
+    status = to_status(exc)
+    assert (status.code, status.message) == (code_pb2.INTERNAL, "internal error")
 
 
 def _rpc_error(exc: Exception) -> grpc.aio.AioRpcError:
