@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 include cluster/versions.env
 
 .PHONY: help setup proto proto-check buf-lint buf-breaking lint test test-unit \
-        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-jobs bench-infer bench-autoscale soak up down status grpcurl \
+        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-jobs bench-infer bench-autoscale soak chaos up down status grpcurl \
         helm helm-check compose compose-check compose-up compose-down devstack-up devstack-down devstack-status clean sim-autoscale
 
 help: ## This list
@@ -80,6 +80,9 @@ soak: setup ## Mixed tenant load at half of saturation for SOAK_MINUTES (30): RS
 
 bench-jobs: setup ## The whole plane vs bare Kueue on the real cluster; the gate; the ledger vs Kubernetes
 	$(PY) -m bench.jobs $(BENCH_ARGS)
+
+chaos: setup ## Every component faulted in turn under load (kill -9, restarts): nothing lost or doubled
+	$(PY) -m bench.chaos $(BENCH_ARGS)
 
 sim-autoscale: setup ## Autoscaler scenarios replayed through its core (simulated): reports/sim-autoscale/
 	$(PY) -m services.autoscaler.sim --out reports/sim-autoscale $(SIM_ARGS)

@@ -1,0 +1,525 @@
+"""make chaos: every component faulted in turn under steady load; nothing lost or doubled.
+
+The plane runs on the real cluster with a devstack of its own (Postgres, NATS
+JetStream with its file store, Redis): meter, gateway, admission, placer and the
+autoscaler as processes. Tenants submit 1-GPU jobs (KWOK runs them for 2 s) at a
+steady rate and read their runway and jobs, every call with a 5 s deadline; a
+submit that fails is retried with its idempotency key, as a careful client does.
+Then, one at a time, each fault is injected and repaired the way a supervisor
+would (a crashed process started again at once, a restarted one brought back up):
+
+    kill -9 of gateway, admission, placer, meter, autoscaler
+    restart of nats-server (JetStream file store), kill -9 of Postgres' postmaster,
+    restart of Redis, kill -9 of kube-apiserver, kill -9 of the Kueue manager
+
+Recovery is the time from the fault until a probe tenant's new job is admitted by
+Kueue and running, the meter has opened its allocation and its runway answers
+(the same probe on the healthy plane first gives the baseline). A service that dies
+of something it did not suffer itself is restarted too and counted.
+
+When every fault has passed, every job must finish; then, per fault (each job is
+counted against the fault during which it was submitted): lost = a submit never
+answered with a job, a job that never ended or whose ledger holds less than gpus x
+Kubernetes' own Admitted -> Finished time; duplicated = a second Kestrel job for one
+idempotency key, a Kubernetes Job Kestrel does not know, or a ledger holding more.
+Every call must end in a success or a clear status (UNAVAILABLE, DEADLINE_EXCEEDED,
+RESOURCE_EXHAUSTED, ABORTED) within its deadline: INTERNAL, UNKNOWN or a call
+that outlives its deadline by a second counts against the fault.
+
+Last line: chaos: faults=<n> survived=<n> lost=<n> duplicated=<n> max_recovery_s=<x>
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+from rich.console import Console
+from rich.table import Table
+
+from kestrel import cluster
+from kestrel.devstack import Stack, port_map
+from kestrel.procs import ServiceProcess
+from kestrel.sdk import AsyncClient, JobState, KestrelError
+
+console = Console(stderr=True)
+TOKEN = "kso_chaos"
+SERVICES = ("meter", "gateway", "admission", "placer", "autoscaler")
+PRICES = "gpu-h100=0.01,gpu-a10=0.001,cpu=0.0005"
+DEADLINE_S = 5.0
+CLEAR = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED"})
+FAULTS = ("gateway", "admission", "placer", "meter", "autoscaler", "nats", "postgres",
+          "redis", "kube-apiserver", "kueue")
+HOW = {"nats": "restart", "redis": "restart"}  # the rest: kill -9
+BASELINE = "none (baseline)"
+
+
+@dataclass
+class Intent:
+    """One job a tenant means to submit, retried under its idempotency key until
+    answered."""
+
+    tenant: str
+    key: str
+    phase: str
+    flavor: str
+    job_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Phase:
+    fault: str
+    how: str = "-"
+    recovery_s: float | None = None
+    calls: int = 0
+    errors: int = 0
+    unclear: Counter[str] = field(default_factory=Counter)
+    hung: int = 0
+    restarts: list[str] = field(default_factory=list)
+    jobs: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def survived(self) -> bool:
+        return (self.recovery_s is not None and not self.unclear and not self.hung
+                and not self.lost and not self.duplicated)
+
+
+@dataclass
+class Report:
+    phases: list[Phase]
+
+    @property
+    def faults(self) -> list[Phase]:
+        return [p for p in self.phases if p.fault != BASELINE]
+
+    def line(self) -> str:
+        rec = [p.recovery_s for p in self.faults if p.recovery_s is not None]
+        worst = max(rec) if len(rec) == len(self.faults) and rec else float("inf")
+        return (f"chaos: faults={len(self.faults)} "
+                f"survived={sum(p.survived for p in self.faults)} "
+                f"lost={sum(p.lost for p in self.phases)} "
+                f"duplicated={sum(p.duplicated for p in self.phases)} "
+                f"max_recovery_s={worst:.1f}")
+
+    def table(self) -> Table:
+        t = Table(title="chaos (2 cores; GPU nodes simulated by KWOK, Kueue and the "
+                        "control plane real)")
+        for col in ("fault", "how", "recovery s", "calls", "errors", "unclear", "hung",
+                    "other restarts", "jobs", "lost", "dup", "survived"):
+            t.add_column(col)
+        for p in self.phases:
+            t.add_row(p.fault, p.how,
+                      f"{p.recovery_s:.1f}" if p.recovery_s is not None else "never",
+                      str(p.calls), str(p.errors),
+                      ",".join(f"{k}x{n}" for k, n in p.unclear.items()) or "0",
+                      str(p.hung), ",".join(p.restarts) or "-", str(p.jobs), str(p.lost),
+                      str(p.duplicated),
+                      "-" if p.fault == BASELINE else ("yes" if p.survived else "NO"))
+        return t
+
+
+class Chaos:
+    def __init__(self, root: Path, info: cluster.ClusterInfo, tenants: int, rate: float,
+                 progress: Callable[[str], None]) -> None:
+        self.root = root
+        self.info = info
+        self.n_tenants = tenants
+        self.rate = rate
+        self.say = progress
+        self.stack = Stack(root / "devstack", durable=True)
+        self.procs: dict[str, ServiceProcess] = {}
+        self.env: dict[str, str] = {}
+        self.starts = 0
+        self.faulting: set[str] = set()
+        self.phase = Phase(BASELINE)
+        self.phases: list[Phase] = [self.phase]
+        self.intents: list[Intent] = []
+        self.clients: dict[str, AsyncClient] = {}
+        self.tenants: list[str] = []
+        self.stop = asyncio.Event()
+        self.run_id = uuid.uuid4().hex[:6]
+
+    # --- the plane ------------------------------------------------------------------
+
+    def _start(self, name: str) -> None:
+        self.starts += 1
+        self.procs[name] = ServiceProcess(
+            name, self.env, self.env[f"KESTREL_{name.upper()}_ADDR"],
+            self.root / f"{name}-{self.starts}.log").start(timeout_s=120)
+
+    def up(self) -> None:
+        self.stack.up()
+        ports = port_map(*SERVICES)
+        self.env = {
+            **self.stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
+            "KESTREL_KUBECONFIG": str(self.info.kubeconfig), "KESTREL_PRICES": PRICES,
+            "KESTREL_WORKER_REDIS_URL": self.stack.redis_url,
+            "KESTREL_AUTOSCALER_LEASE": f"kestrel-autoscaler-chaos-{self.run_id}",
+            "KESTREL_AUTOSCALER_LEASE_S": "3",
+            **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
+            **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in ports.items()},
+            **{f"KESTREL_{n.upper()}_METRICS_PORT": "0" for n in ports}}
+        for name in SERVICES:
+            self._start(name)
+
+    def down(self) -> None:
+        for p in self.procs.values():
+            p.stop()
+        queues = [f"kestrel-{t}" for t in self.tenants]
+        if queues:
+            cluster.kubectl("delete", "namespace", *queues, "--wait=false",
+                            "--ignore-not-found", check=False)
+            cluster.kubectl("delete", "clusterqueue", *queues, "--ignore-not-found",
+                            check=False)
+        cluster.kubectl("delete", "lease", "-n", "default",
+                        f"kestrel-autoscaler-chaos-{self.run_id}", "--ignore-not-found",
+                        check=False)
+        self.stack.destroy()
+
+    def client(self, key: str) -> AsyncClient:
+        return AsyncClient(self.env["KESTREL_GATEWAY_ADDR"], api_key=key, timeout_s=DEADLINE_S)
+
+    async def make_tenants(self) -> None:
+        async with AsyncClient(self.env["KESTREL_GATEWAY_ADDR"], operator_token=TOKEN) as op:
+            for i in range(self.n_tenants + 1):  # the last one probes
+                name = f"chaos{self.run_id}{i}"
+                await op.create_tenant(name, gpu_quota={"gpu-h100": 8, "gpu-a10": 8},
+                                       rate_per_s=100, burst=100, initial_credits="1000")
+                self.tenants.append(name)
+                self.clients[name] = self.client((await op.create_api_key(name, "chaos")).secret)
+
+    async def supervise(self) -> None:
+        """What Kubernetes would do for a Deployment: a service that exits is started
+        again. Restarts of services not being faulted are counted against the fault."""
+        while not self.stop.is_set():
+            for name, p in list(self.procs.items()):
+                if name in self.faulting or p.proc is None or p.proc.poll() is None:
+                    continue
+                self.phase.restarts.append(f"{name}(rc={p.proc.returncode})")
+                self.say(f"    {name} exited (rc {p.proc.returncode}): restarting it")
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self._start, name)
+            await asyncio.sleep(0.25)
+
+    # --- load -----------------------------------------------------------------------
+
+    async def call(self, fn: Callable[[], Awaitable[object]]) -> object | None:
+        phase = self.phase
+        t0 = time.monotonic()
+        try:
+            result = await fn()
+        except KestrelError as exc:
+            result, code = None, exc.code_name
+        except Exception as exc:  # anything else is a finding
+            result, code = None, f"client {type(exc).__name__}"
+        else:
+            code = "OK"
+        phase.calls += 1
+        if code != "OK":
+            phase.errors += 1
+            if code not in CLEAR:
+                phase.unclear[code] += 1
+        if time.monotonic() - t0 > DEADLINE_S + 1:
+            phase.hung += 1
+        return result
+
+    async def submit(self, c: AsyncClient, intent: Intent) -> bool:
+        job = await self.call(lambda: c.submit_job(
+            name=f"c{len(self.intents)}", gpus=1, max_duration_s=30, sim_duration_s=2,
+            flavor=intent.flavor, idempotency_key=intent.key))
+        if job is None:
+            return False
+        intent.job_ids.add(job.job_id)  # type: ignore[attr-defined]
+        return True
+
+    async def tenant_load(self, tenant: str) -> None:
+        c = self.clients[tenant]
+        period = 1 / self.rate
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            intent = Intent(tenant, uuid.uuid4().hex, self.phase.fault,
+                            random.choice(["gpu-h100", "gpu-a10"]))
+            self.intents.append(intent)
+            while not self.stop.is_set() and not await self.submit(c, intent):  # noqa: ASYNC110
+                await asyncio.sleep(0.25)  # a retry, not a wait for the event
+            await asyncio.sleep(max(0.0, period - (time.monotonic() - t0)))
+
+    async def tenant_reads(self, tenant: str) -> None:
+        c = self.clients[tenant]
+        while not self.stop.is_set():
+            await self.call(c.runway)
+            mine = [i for i in self.intents[-50:] if i.tenant == tenant and i.job_ids]
+            if mine:
+                job_id = next(iter(random.choice(mine).job_ids))
+                await self.call(lambda job_id=job_id: c.get_job(job_id))  # type: ignore[misc]
+            await asyncio.sleep(0.5)
+
+    # --- faults ---------------------------------------------------------------------
+
+    async def _kill(self, pid: int, sig: signal.Signals) -> None:
+        os.kill(pid, sig)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):  # reap it if it was our child
+                os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - WNOHANG never blocks
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"pid {pid} did not exit after {sig.name}")
+
+    async def _repair_stack(self) -> None:
+        deadline = time.monotonic() + 60
+        while True:  # a killed postmaster's backends may hold its memory a moment
+            try:
+                await asyncio.to_thread(self.stack.up)
+                return
+            except Exception as exc:  # retried, then reported
+                if time.monotonic() > deadline:
+                    raise
+                self.say(f"    devstack up failed ({str(exc)[:120]}); retrying")
+                await asyncio.sleep(1)
+
+    async def inject(self, fault: str) -> None:
+        if fault in SERVICES:
+            self.faulting.add(fault)
+            try:
+                await asyncio.to_thread(self.procs[fault].kill9)
+                await asyncio.to_thread(self._start, fault)
+            finally:
+                self.faulting.discard(fault)
+        elif fault in ("nats", "postgres", "redis"):
+            sig = signal.SIGKILL if fault == "postgres" else signal.SIGTERM
+            await self._kill(self.stack.pids[fault], sig)
+            await self._repair_stack()
+        elif fault == "kube-apiserver":
+            pid = next(p.pid for p in cluster.process_health() if p.component == fault)
+            assert pid is not None
+            await self._kill(pid, signal.SIGKILL)
+            await asyncio.to_thread(cluster.up, lambda s: None)
+        elif fault == "kueue":
+            pid = cluster.kueue_pid()
+            assert pid is not None
+            await self._kill(pid, signal.SIGKILL)
+            await asyncio.to_thread(cluster.up, lambda s: None)
+        else:
+            raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+
+    async def probe(self, started: float, timeout_s: float) -> float | None:
+        """Seconds from `started` until a new job of the probe tenant runs in Kueue,
+        the meter has opened its allocation and its runway answers."""
+        c = self.clients[self.tenants[-1]]
+        key = uuid.uuid4().hex
+        job_id = ""
+        while time.monotonic() - started < timeout_s:
+            try:
+                if not job_id:
+                    job_id = (await c.submit_job(name="probe", gpus=1, max_duration_s=30,
+                                                 sim_duration_s=1, flavor="gpu-a10",
+                                                 idempotency_key=key)).job_id
+                job = await c.get_job(job_id)
+                if job.state in (JobState.RUNNING, JobState.SUCCEEDED):
+                    await c.runway()
+                    conn = await asyncpg.connect(self.stack.postgres_dsn, timeout=2)
+                    try:
+                        if await conn.fetchval("SELECT count(*) FROM allocations "
+                                               "WHERE workload_id = $1", job_id):
+                            return time.monotonic() - started
+                    finally:
+                        await conn.close()
+            except (KestrelError, OSError, asyncpg.PostgresError, TimeoutError):
+                pass
+            await asyncio.sleep(0.1)
+        return None
+
+    # --- the run --------------------------------------------------------------------
+
+    async def run(self, faults: list[str], settle_s: float, recovery_timeout_s: float) -> Report:
+        await self.make_tenants()
+        tasks = [asyncio.create_task(self.supervise())]
+        for t in self.tenants[:-1]:
+            tasks += [asyncio.create_task(self.tenant_load(t)),
+                      asyncio.create_task(self.tenant_reads(t))]
+        try:
+            await asyncio.sleep(settle_s)
+            self.phase.recovery_s = await self.probe(time.monotonic(), recovery_timeout_s)
+            self.say(f"  baseline: a probe job runs and is metered in "
+                     f"{self.phase.recovery_s or float('nan'):.1f} s")
+            for fault in faults:
+                self.phase = Phase(fault, HOW.get(fault, "kill -9"))
+                self.phases.append(self.phase)
+                t0 = time.monotonic()
+                try:
+                    await self.inject(fault)
+                except Exception as exc:  # reported as not survived
+                    self.phase.notes.append(f"repair failed: {exc}")
+                    self.say(f"  {fault}: repair failed: {exc}")
+                self.phase.recovery_s = await self.probe(t0, recovery_timeout_s)
+                self.say(f"  {fault} ({self.phase.how}): recovered in "
+                         f"{self.phase.recovery_s or float('nan'):.1f} s")
+                await asyncio.sleep(settle_s)
+        finally:
+            self.stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.phase = Phase("(after the faults)")  # calls made while settling, not counted
+        await self.resolve_pending()
+        await self.verify()
+        for c in self.clients.values():
+            await c.close()
+        return Report(self.phases)
+
+    async def resolve_pending(self) -> None:
+        """Submits that never got an answer are retried (same key) until they do."""
+        for intent in [i for i in self.intents if not i.job_ids]:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not await self.submit(  # noqa: ASYNC110
+                    self.clients[intent.tenant], intent):
+                await asyncio.sleep(0.5)
+
+    async def verify(self) -> None:
+        by_phase = {p.fault: p for p in self.phases}
+        ids = {j: i for i in self.intents for j in i.job_ids}
+        conn = await asyncpg.connect(self.stack.postgres_dsn)
+        try:
+            self.say(f"  waiting for {len(ids)} jobs to end and be metered")
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                open_n = await conn.fetchval(
+                    "SELECT count(*) FROM jobs WHERE job_id = ANY($1::text[]) AND state < 5",
+                    list(ids))
+                unclosed = await conn.fetchval(
+                    "SELECT count(*) FROM allocations WHERE workload_id = ANY($1::text[]) "
+                    "AND status <> 2", list(ids))
+                if open_n == 0 and unclosed == 0:
+                    break
+                await asyncio.sleep(1)
+            jobs = {r["job_id"]: r for r in await conn.fetch(
+                "SELECT job_id, tenant, idempotency_key, state, gpus FROM jobs "
+                "WHERE tenant = ANY($1::text[])", self.tenants[:-1])}
+            ledger = {r["workload_id"]: int(r["g"]) for r in await conn.fetch(
+                "SELECT workload_id, sum(gpu_us) g FROM ledger WHERE tenant = ANY($1::text[]) "
+                "GROUP BY workload_id", self.tenants[:-1])}
+        finally:
+            await conn.close()
+        namespaces = [f"kestrel-{t}" for t in self.tenants[:-1]]
+        k8s_time = await asyncio.to_thread(cluster.gpu_seconds_by_job, namespaces)
+        k8s_jobs: set[str] = set()
+        for ns in namespaces:
+            out = await asyncio.to_thread(cluster.kubectl, "get", "jobs", "-n", ns, "-o",
+                                          "json", check=True)
+            k8s_jobs |= {j["metadata"]["name"] for j in json.loads(out.stdout)["items"]}
+        per_key = Counter(r["idempotency_key"] for r in jobs.values())
+        states: dict[str, Counter[str]] = defaultdict(Counter)
+        for intent in self.intents:
+            p = by_phase[intent.phase]
+            p.jobs += 1
+            if not intent.job_ids:
+                p.lost += 1
+                p.notes.append(f"submit {intent.key} never answered")
+                continue
+            if len(intent.job_ids) > 1 or per_key[intent.key] > 1:
+                p.duplicated += 1
+                p.notes.append(f"{intent.key}: jobs {sorted(intent.job_ids)}")
+            job_id = next(iter(intent.job_ids))
+            row = jobs.get(job_id)
+            state = JobState.from_pb(row["state"]) if row else JobState.UNSPECIFIED
+            states[intent.phase][state.value] += 1
+            if row is None or not state.terminal:
+                p.lost += 1
+                p.notes.append(f"{job_id}: {state.value}, never ended")
+                continue
+            want = k8s_time.get(job_id)
+            if want is None:
+                if state is JobState.SUCCEEDED or ledger.get(job_id):
+                    p.lost += 1
+                    p.notes.append(f"{job_id}: {state.value}, no finished Workload")
+                continue
+            got = ledger.get(job_id, 0)
+            if got < int(want * 1_000_000):
+                p.lost += 1
+                p.notes.append(f"{job_id}: ledger {got} us < Kubernetes {want} s")
+            elif got > int(want * 1_000_000):
+                p.duplicated += 1
+                p.notes.append(f"{job_id}: ledger {got} us > Kubernetes {want} s")
+        strangers = k8s_jobs - set(jobs)
+        if strangers:
+            self.phases[-1].duplicated += len(strangers)
+            self.phases[-1].notes.append(f"Kubernetes Jobs Kestrel never made: {strangers}")
+        for p in self.phases:
+            if states[p.fault] and set(states[p.fault]) != {"SUCCEEDED"}:
+                p.notes.append(f"job states: {dict(states[p.fault])}")
+
+
+async def run(root: Path, faults: list[str], *, tenants: int = 3, rate: float = 1.0,
+              settle_s: float = 8.0, recovery_timeout_s: float = 90.0,
+              progress: Callable[[str], None] = print, keep: bool = False) -> Report:
+    info = await asyncio.to_thread(cluster.ensure_cluster, lambda s: progress(f"  cluster: {s}"))
+    chaos = Chaos(root, info, tenants, rate, progress)
+    try:
+        await asyncio.to_thread(chaos.up)
+        progress(f"  plane up: {', '.join(SERVICES)}; {tenants} tenants at {rate:g} job/s "
+                 f"each, reads every 0.5 s, deadline {DEADLINE_S:g} s")
+        return await chaos.run(faults, settle_s, recovery_timeout_s)
+    finally:
+        if not keep:
+            await asyncio.to_thread(chaos.down)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--faults", default=",".join(FAULTS),
+                    help="comma-separated, in order (default: all)")
+    ap.add_argument("--tenants", type=int, default=3)
+    ap.add_argument("--rate", type=float, default=1.0, help="jobs per second per tenant")
+    ap.add_argument("--settle-s", type=float, default=8.0,
+                    help="load before the first fault and after each recovery")
+    ap.add_argument("--keep", action="store_true", help="leave the plane and devstack up")
+    args = ap.parse_args()
+    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown:
+        ap.error(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
+    was_up = cluster.is_up()
+    root = Path(tempfile.mkdtemp(prefix="kestrel-chaos-", dir="/tmp"))
+    os.chmod(root, 0o755)  # Postgres runs as its own user and must reach its data
+    console.print(f"[bold]chaos[/bold]: {len(faults)} faults, one at a time, under load; "
+                  f"state in {root}")
+    try:
+        report = asyncio.run(run(root, faults, tenants=args.tenants, rate=args.rate,
+                                 settle_s=args.settle_s, progress=console.print,
+                                 keep=args.keep))
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+            if not was_up:
+                cluster.down(lambda s: None)
+    Console().print(report.table())
+    for p in report.phases:
+        for note in p.notes[:5]:
+            print(f"  {p.fault}: {note}")
+    print(report.line())
+    sys.exit(0 if all(p.survived for p in report.faults) else 1)
+
+
+if __name__ == "__main__":
+    main()

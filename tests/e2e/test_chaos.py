@@ -1,0 +1,38 @@
+"""`make chaos` in the form that fits CI: the same harness (bench/chaos.py) on the real
+cluster with a devstack of its own, under the same load, with three faults of
+different kinds: a Kestrel service killed mid-stream (the meter, which owns the
+ledger), nats-server restarted (JetStream's file store must keep every workload
+event), and Postgres' postmaster killed with -9. The full run faults every component."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from bench import chaos
+from kestrel import cluster as kc
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_the_plane_survives_a_crashed_meter_a_restarted_nats_and_a_killed_postgres(
+        cluster_up: kc.ClusterInfo) -> None:
+    root = Path(tempfile.mkdtemp(prefix="kestrel-chaos-", dir="/tmp"))
+    os.chmod(root, 0o755)  # Postgres runs as its own user
+    report = await chaos.run(root, ["meter", "nats", "postgres"], tenants=2, rate=1.0,
+                             settle_s=5.0)
+    print()
+    for p in report.phases:
+        print(f"{p.fault}: recovery {p.recovery_s} s, {p.calls} calls ({p.errors} errors), "
+              f"{p.jobs} jobs, restarts {p.restarts}, notes {p.notes[:3]}")
+    print(report.line())
+    for p in report.phases:
+        assert p.recovery_s is not None, f"{p.fault}: the plane never recovered ({p.notes})"
+        assert not p.unclear, f"{p.fault}: calls ended without a clear status: {p.unclear}"
+        assert p.hung == 0, f"{p.fault}: {p.hung} calls outlived their deadline"
+        assert (p.lost, p.duplicated) == (0, 0), f"{p.fault}: {p.notes}"
+    assert sum(p.jobs for p in report.phases) >= 20  # the load really ran throughout
+    assert all(p.calls for p in report.phases)
