@@ -136,6 +136,10 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
               asyncio.create_task(every(
                   config.refresh_s, stop, placer.refresh,
                   "refreshing prices and tenant quotas failed", log), name="refresh"),
+              asyncio.create_task(every(
+                  2.0, stop, placer.requeue_stuck,
+                  "requeueing Jobs Kueue left without a Workload failed", log),
+                  name="requeue"),
               asyncio.create_task(watch_consumers(
                   js, consumer_pending_gauge(registry), [("KESTREL_JOBS", "placer")], stop),
                   name="lag")]

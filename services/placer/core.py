@@ -40,6 +40,7 @@ from services.placer.lifecycle import (
     Derived,
     EventType,
     Observed,
+    awaiting_workload,
     derive,
     open_allocation,
     owner_job,
@@ -139,6 +140,7 @@ class Placer:
         self.standins: StandIns | None = None
         self.on_published: Callable[[Derived], None] = lambda e: None
         self.on_relist: Callable[[str], None] = lambda kind: None
+        self.touched: dict[Key, int] = {}  # Jobs requeued by requeue_stuck, and when
 
     # --- tenants -------------------------------------------------------------
 
@@ -375,6 +377,30 @@ class Placer:
                     view.pods.pop(name)
                     touched.add(key)
         return touched
+
+    async def requeue_stuck(self, grace_s: float = 8.0) -> list[Key]:
+        """Touch each Job Kueue left without a Workload for `grace_s` (at most once per
+        `grace_s` each), so Kueue reconciles it now rather than after its backoff."""
+        if not self.synced.is_set():
+            return []  # not every Workload listed yet: each Job would look stuck
+        now = self.clock()
+        grace_us = int(grace_s * 1_000_000)
+        stuck = [key for key, view in self.views.items()
+                 if awaiting_workload(view.job, view.workload, now, grace_us)
+                 and now - self.touched.get(key, 0) >= grace_us]
+        for key in stuck:
+            self.touched[key] = now
+            try:
+                await asyncio.to_thread(self.kube.touch_job, key[0], key[1], str(now))
+            except ApiException as exc:
+                log.warning("requeueing job %s/%s failed: %s", *key, exc.reason)
+        for key in [k for k in self.touched if k not in self.views]:
+            self.touched.pop(key)
+        if stuck:
+            log.warning("%d Jobs had no Kueue Workload after %.0f s: touched them so Kueue "
+                        "reconciles them now (%s)", len(stuck), grace_s,
+                        ", ".join(k[1] for k in stuck[:5]))
+        return stuck
 
     async def _derive(self, key: Key) -> None:
         view = self.views.get(key)

@@ -129,6 +129,17 @@ class Kube:
                 return False
             raise
 
+    def touch_job(self, ns: str, name: str, stamp: str) -> bool:
+        """Annotate the Job (kestrel.dev/requeued-at): an update Kueue reconciles at once."""
+        try:
+            self.batch.patch_namespaced_job(
+                name, ns, {"metadata": {"annotations": {"kestrel.dev/requeued-at": stamp}}})
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
     def workload_of(self, ns: str, job_name: str) -> dict[str, Any] | None:
         listing = self._raw(self.custom.list_namespaced_custom_object(
             GROUP, VERSION, ns, "workloads", _preload_content=False))

@@ -240,6 +240,27 @@ def _words(cond: Obj, default: str) -> str:
     return text[:200]
 
 
+def awaiting_workload(job: Obj | None, workload: Obj | None, now_us: int,
+                      grace_us: int) -> bool:
+    """A live Job that Kueue has not given a Workload `grace_us` after its creation.
+
+    Kueue makes the Workload when its job reconciler sees the Job. A Job created while
+    the Kueue manager was down or starting is reconciled on its start-up list, and one
+    whose reconcile then failed waits out controller-runtime's exponential backoff: after
+    a kill -9 of Kueue here, Jobs created in those seconds got their Workload 100 s later
+    (bench/chaos.py). Any update to the Job makes Kueue reconcile it at once."""
+    if job is None or workload is not None:
+        return False
+    meta = job.get("metadata") or {}
+    if meta.get("deletionTimestamp") or not meta.get("creationTimestamp"):
+        return False
+    status = job.get("status") or {}
+    if is_true(condition(job, "Complete")) or is_true(condition(job, "Failed")) or (
+            status.get("completionTime")):
+        return False
+    return now_us - time_us(meta["creationTimestamp"]) >= grace_us
+
+
 def derive(obs: Observed) -> list[Derived]:
     """Every event the observed state implies, in lifecycle order."""
     who = identity(obs.job, obs.workload)

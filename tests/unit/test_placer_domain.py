@@ -21,6 +21,7 @@ from services.placer.lifecycle import (
     EventType,
     Observed,
     allocation_id,
+    awaiting_workload,
     derive,
     identity,
     open_allocation,
@@ -288,6 +289,25 @@ def test_time_us_reads_rfc3339_with_and_without_fractions() -> None:
     assert time_us("1970-01-01T00:00:01Z") == 1_000_000
     assert time_us("1970-01-01T00:00:01.000002Z") == 1_000_002
     assert time_us("2026-11-29T14:28:35+00:00") == time_us(T0)
+
+
+def _deleting(job: dict[str, Any]) -> dict[str, Any]:
+    job["metadata"]["deletionTimestamp"] = ts(45)
+    return job
+
+
+@pytest.mark.parametrize(("job", "wl", "now_s", "stuck"), [
+    (job_obj(), None, 40, True),                     # 10 s without a Workload: touch it
+    (job_obj(), None, 39, False),                    # 9 s: Kueue may still be on it
+    (job_obj(), workload(), 59, False),              # Kueue made its Workload
+    (job_obj(failed_at=35), None, 59, False),        # over: nothing to admit
+    (_deleting(job_obj()), None, 59, False),         # going away
+    (None, None, 59, False),                         # only its Workload or pods seen
+], ids=["ten-seconds-without-a-workload", "not-yet", "has-its-workload", "finished",
+        "being-deleted", "no-job"])
+def test_a_job_awaits_its_workload_only_while_live_and_past_the_grace(
+        job: dict[str, Any] | None, wl: dict[str, Any] | None, now_s: int, stuck: bool) -> None:
+    assert awaiting_workload(job, wl, time_us(ts(now_s)), 10_000_000) is stuck
 
 
 def test_open_allocation_is_the_admitted_one_without_a_close() -> None:
