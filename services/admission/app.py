@@ -24,6 +24,7 @@ from services.admission.core import Admission
 from services.admission.domain import JobState
 from services.admission.kueue import RunwayCheckController
 from services.admission.metrics import AdmissionMetrics
+from services.admission.outbox import Outbox
 from services.admission.servicer import AdmissionServicer
 from services.admission.store import MIGRATIONS, AdmissionStore
 from services.admission.wire import job_admitted, state_changed
@@ -66,7 +67,7 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
 
     controller: RunwayCheckController | None = None
 
-    async def publish(row: JobRow, prev: JobState | None) -> None:
+    async def send(row: JobRow, prev: JobState | None) -> None:
         if prev is None:  # a submission decided (a replay after a restart has prev set)
             metrics.decisions.labels(row.tenant, row.state.name.lower()).inc()
         elif prev is JobState.HELD and row.state is JobState.ADMITTED:
@@ -81,15 +82,15 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
             # (Pending, its reason in `kubectl describe workload`) until it is admitted.
             sends.append(bus.publish(js, bus.subject_job_admitted(row.tenant), job_admitted(row),
                                      f"place-{row.job_id}-{int(row.state)}"))
-        try:
-            await asyncio.gather(*sends)
-        except Exception as exc:  # the job is committed; a restart republishes admissions
-            log.warning("publishing job %s failed: %s", row.job_id, exc)
+        await asyncio.gather(*sends)
 
-    admission = Admission(store, publish, max_node_gpus=config.max_node_gpus)
+    # The job is committed before it is announced: a failed announcement is retried
+    # (outbox), and one lost to a crash is made again at start-up (admitted_not_placed).
+    outbox = Outbox(send, store.get_many)
+    admission = Admission(store, outbox.publish, max_node_gpus=config.max_node_gpus)
     await admission.load()
     for row in await store.admitted_not_placed():  # crash between commit and publish
-        await publish(row, row.state)
+        await outbox.publish(row, row.state)
     reeval = Reevaluator(admission)
 
     async def refresh_prices() -> None:
@@ -118,6 +119,8 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
              asyncio.create_task(every(10, stop, refresh_prices, "refreshing prices failed",
                                        log)),
              asyncio.create_task(every(5, stop, sweep_held, "sweeping held jobs failed", log)),
+             asyncio.create_task(every(1, stop, outbox.retry,
+                                       "retrying job announcements failed", log)),
              asyncio.create_task(metrics.follow_held(pool, admission.books, stop)),
              asyncio.create_task(watch_consumers(
                  js, consumer_pending_gauge(registry), [("KESTREL_WORKLOADS", "admission")],
