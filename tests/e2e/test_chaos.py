@@ -1,8 +1,10 @@
 """`make chaos` in the form that fits CI: the same harness (bench/chaos.py) on the real
-cluster with a devstack of its own, under the same load, with three faults of
+cluster with a devstack of its own, under the same load, with four faults of
 different kinds: a Kestrel service killed mid-stream (the meter, which owns the
 ledger), nats-server restarted (JetStream's file store must keep every workload
-event), and Postgres' postmaster killed with -9. The full run faults every component."""
+event), Postgres' postmaster killed with -9, and the Kueue manager killed with -9
+(Jobs created while it restarts waited 100 s for their Workloads until the placer
+learned to requeue them). The full run faults every component."""
 
 from __future__ import annotations
 
@@ -18,11 +20,11 @@ from kestrel import cluster as kc
 pytestmark = pytest.mark.e2e
 
 
-async def test_the_plane_survives_a_crashed_meter_a_restarted_nats_and_a_killed_postgres(
+async def test_the_plane_survives_a_crashed_meter_nats_restarted_and_postgres_and_kueue_killed(
         cluster_up: kc.ClusterInfo) -> None:
     root = Path(tempfile.mkdtemp(prefix="kestrel-chaos-", dir="/tmp"))
     os.chmod(root, 0o755)  # Postgres runs as its own user
-    report = await chaos.run(root, ["meter", "nats", "postgres"], tenants=2, rate=1.0,
+    report = await chaos.run(root, ["meter", "nats", "postgres", "kueue"], tenants=2, rate=1.0,
                              settle_s=5.0)
     print()
     for p in report.phases:
