@@ -28,6 +28,9 @@ Every call must end in a success or a clear status (UNAVAILABLE, DEADLINE_EXCEED
 RESOURCE_EXHAUSTED, ABORTED) within its deadline: INTERNAL, UNKNOWN or a call
 that outlives its deadline by a second counts against the fault.
 
+KESTREL_CHAOS_VERBOSE=1 prints each state the probe job passes through, with its time
+since the fault (where a recovery's seconds go).
+
 Last line: chaos: faults=<n> survived=<n> lost=<n> duplicated=<n> max_recovery_s=<x>
 """
 
@@ -167,6 +170,7 @@ class Chaos:
         self.stop = asyncio.Event()
         self.run_id = uuid.uuid4().hex[:6]
         self.last_probe = ""
+        self.verbose = bool(os.environ.get("KESTREL_CHAOS_VERBOSE"))
 
     # --- the plane ------------------------------------------------------------------
 
@@ -350,7 +354,10 @@ class Chaos:
                                                  sim_duration_s=1, flavor="gpu-a10",
                                                  idempotency_key=key)).job_id
                 job = await c.get_job(job_id)
-                self.last_probe = f"job {job_id} {job.state.value} ({job.reason})"
+                seen = f"job {job_id} {job.state.value} ({job.reason})"
+                if self.verbose and seen != self.last_probe:
+                    self.say(f"    probe +{time.monotonic() - started:.1f}s: {seen}")
+                self.last_probe = seen
                 if job.state in (JobState.RUNNING, JobState.SUCCEEDED):
                     await c.runway()
                     conn = await asyncpg.connect(self.stack.postgres_dsn, timeout=2)
