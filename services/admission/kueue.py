@@ -40,6 +40,8 @@ from services.admission.runway_check import (
 
 log = logging.getLogger("kestrel.admission.runway_check")
 
+PATCH_CONCURRENCY = 4  # check verdicts written at once (and the client's pool size)
+
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -72,7 +74,7 @@ class Kueue:
     """Blocking calls; run them in threads."""
 
     def __init__(self, kubeconfig: str) -> None:
-        self.custom: Any = k8s.CustomObjectsApi(new_api_client(kubeconfig, 4))
+        self.custom: Any = k8s.CustomObjectsApi(new_api_client(kubeconfig, PATCH_CONCURRENCY))
 
     def workloads(self) -> tuple[list[dict[str, Any]], str]:
         resp = self.custom.list_cluster_custom_object(KUEUE_GROUP, KUEUE_API_VERSION,
@@ -254,15 +256,27 @@ class RunwayCheckController:
             return
         jobs = await self.admission.store.get_many(sorted({v.job_id for v in views}))
         money = self.money
-        for w, verdict in changes(views, jobs, money):
-            log.info("check %s/%s -> %s: %s", w.namespace, w.name, verdict.state.value,
-                     verdict.message)
-            try:
-                await asyncio.to_thread(kueue.set_check, w, self.check, verdict)
-            except ApiException as exc:  # the list moved (test op) or a conflict: next pass
-                log.info("check patch of %s/%s refused (%s %s); retrying", w.namespace,
-                         w.name, exc.status, exc.reason)
-                self.dirty.add(f"{w.namespace}/{w.name}")
+        # Patched side by side (the client's pool holds PATCH_CONCURRENCY connections):
+        # after an apiserver restart every Workload that arrived meanwhile waits for its
+        # verdict at once, and one after another they took seconds on a loaded apiserver.
+        slots = asyncio.Semaphore(PATCH_CONCURRENCY)
+
+        async def patch(w: WorkloadView, verdict: Verdict) -> None:
+            async with slots:
+                log.info("check %s/%s -> %s: %s", w.namespace, w.name, verdict.state.value,
+                         verdict.message)
+                try:
+                    await asyncio.to_thread(kueue.set_check, w, self.check, verdict)
+                except ApiException as exc:  # the list moved (test op), a conflict: next pass
+                    log.info("check patch of %s/%s refused (%s %s); retrying", w.namespace,
+                             w.name, exc.status, exc.reason)
+                    self.dirty.add(f"{w.namespace}/{w.name}")
+
+        failed = [r for r in await asyncio.gather(
+            *(patch(w, v) for w, v in changes(views, jobs, money)), return_exceptions=True)
+            if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
         for w in to_deactivate(views, jobs, money):
             key = f"{w.namespace}/{w.name}"
             if key in self.deactivated:
