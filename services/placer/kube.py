@@ -235,4 +235,7 @@ class Watcher(threading.Thread):
                 log.warning("watch %s failed: %s; relisting in %.1fs", self.kind, exc, delay)
                 kube = None
             time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            # One apiserver, one watch per kind: retrying each second costs nothing, and
+            # a longer cap left the placer blind for up to 5 s after the apiserver was
+            # back (bench/chaos.py's kube-apiserver fault).
+            delay = min(delay * 2, 1.0)
