@@ -7,6 +7,8 @@ duplicates inside the stream's duplicate window).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -16,8 +18,17 @@ import nats
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import BadRequestError
 
 from kestrel import natsauth
@@ -162,6 +173,7 @@ class Unusable(ValueError):
 
 
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 
 def parse(msg: Any, cls: type[M]) -> M:
@@ -263,3 +275,80 @@ async def retry_forever(what: str, fn: Callable[[], Awaitable[Any]], *,
             log.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
         await pause_unless_stopped(delay)
         delay = min(delay * 2, max_delay)
+
+
+# --- durable consumers ------------------------------------------------------------
+
+FETCH_RETRY_S = 0.5  # a fetch that failed (NATS away, nats-py reconnecting) is retried
+WORK_RETRY_S = 1.0  # work that failed on a dependency (a store, the apiserver) is retried
+
+
+@dataclass(frozen=True)
+class Durable:
+    """A durable pull consumer: explicit acks, redelivered without limit (a message is
+    done when it is acknowledged or parked, never because it was tried N times)."""
+
+    stream: str
+    subject: str
+    name: str
+    batch: int
+    ack_wait_s: int = 30
+    max_ack_pending: int = 10_000
+    deliver_policy: DeliverPolicy = DeliverPolicy.ALL
+
+    def config(self) -> ConsumerConfig:
+        return ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s,
+                              max_deliver=-1, max_ack_pending=self.max_ack_pending,
+                              deliver_policy=self.deliver_policy)
+
+
+async def pull(js: JetStreamContext, durable: Durable,
+               handle: Callable[[list[Msg]], Awaitable[None]], stop: asyncio.Event) -> None:
+    """The loop every durable consumer runs, with one policy for failures:
+
+    1. Fetch up to `durable.batch` messages (a 0.5 s long poll). A fetch that fails
+       (NATS away while nats-py reconnects) is logged and tried again after
+       FETCH_RETRY_S; the stream keeps whatever was not acknowledged.
+    2. `handle(msgs)` owns the batch. It acknowledges what it has done; it parks what
+       it cannot use (`park_and_term`: kestrel.deadletter.<service>, so a bad message
+       never blocks the consumer); work that failed on a dependency it either retries
+       in place with `until_done` (when later messages must wait for it: the meter's
+       ledger, admission's job states) or negatively acknowledges with a WORK_RETRY_S
+       delay (messages independent of each other: the placer's jobs).
+    3. Should `handle` raise all the same, the error is logged and every message of the
+       batch is negatively acknowledged with a WORK_RETRY_S delay (one already
+       acknowledged keeps its ack): redelivered, never dropped. Handlers are
+       idempotent (by event or job id), so a message handled twice changes nothing.
+    """
+    sub = await js.pull_subscribe(durable.subject, durable=durable.name,
+                                  stream=durable.stream, config=durable.config())
+    while not stop.is_set():
+        try:
+            msgs = await sub.fetch(durable.batch, timeout=0.5)
+        except (TimeoutError, NatsTimeout):
+            continue
+        except Exception as exc:
+            log.warning("%s: fetch failed (%s); again in %.1fs", durable.name, exc,
+                        FETCH_RETRY_S)
+            await asyncio.sleep(FETCH_RETRY_S)
+            continue
+        try:
+            await handle(msgs)
+        except Exception:
+            log.exception("%s: a batch of %d failed; redelivery in %.1fs", durable.name,
+                          len(msgs), WORK_RETRY_S)
+            for m in msgs:
+                with contextlib.suppress(Exception):  # acknowledged ones refuse it
+                    await m.nak(delay=WORK_RETRY_S)
+
+
+async def until_done(what: str, fn: Callable[[], Awaitable[T]],
+                     delay_s: float = WORK_RETRY_S) -> T:
+    """Await fn() until it succeeds, every `delay_s`: a durable consumer's work that
+    later messages must wait for (see `pull`). fn must be idempotent."""
+    while True:
+        try:
+            return await fn()
+        except Exception:
+            log.exception("%s failed; retrying in %.1fs", what, delay_s)
+            await asyncio.sleep(delay_s)

@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import DeliverPolicy
 
 from kestrel import bus
 from kestrel.v1 import common_pb2, events_pb2
+from kestrel.workloads import EventType
 from services.admission.core import Admission
 
 log = logging.getLogger("kestrel.admission.bus")
+
+CLOSING = frozenset(t.value for t in EventType if t.closes)
 
 
 class Reevaluator:
@@ -79,19 +82,7 @@ async def follow_runway(js: JetStreamContext, reeval: Reevaluator, stop: asyncio
 
 async def follow_workloads(js: JetStreamContext, admission: Admission, reeval: Reevaluator,
                            stop: asyncio.Event) -> None:
-    sub = await js.pull_subscribe(
-        "kestrel.workload.>", durable="admission", stream="KESTREL_WORKLOADS",
-        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1,
-                              max_ack_pending=10_000))
-    while not stop.is_set():
-        try:
-            msgs = await sub.fetch(256, timeout=0.5)
-        except (TimeoutError, NatsTimeout):
-            continue
-        except Exception as exc:
-            log.warning("fetch failed: %s", exc)
-            await asyncio.sleep(0.5)
-            continue
+    async def handle(msgs: list[Msg]) -> None:
         for m in msgs:
             try:
                 e = bus.parse(m, events_pb2.WorkloadEvent)
@@ -101,14 +92,14 @@ async def follow_workloads(js: JetStreamContext, admission: Admission, reeval: R
             if e.kind != common_pb2.WORKLOAD_KIND_JOB:
                 await m.ack()
                 continue
-            while True:
-                try:
-                    await admission.workload_event(e.tenant, e.workload_id, e.type, e.time_us,
-                                                   e.reason, e.flavor)
-                    break
-                except Exception:
-                    log.exception("job state for %s failed; retrying", e.workload_id)
-                    await asyncio.sleep(1)
+            # In place, not nak'd: a job's states must be applied in stream order.
+            await bus.until_done(
+                f"job state for {e.workload_id}",
+                functools.partial(admission.workload_event, e.tenant, e.workload_id, e.type,
+                                  e.time_us, e.reason, e.flavor))
             await m.ack()
-            if e.type in (3, 4, 5):
+            if e.type in CLOSING:  # its quota and money are free again
                 reeval.request(e.tenant)
+
+    await bus.pull(js, bus.Durable("KESTREL_WORKLOADS", "kestrel.workload.>", "admission", 256),
+                   handle, stop)

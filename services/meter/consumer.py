@@ -12,9 +12,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from nats.errors import TimeoutError as NatsTimeout
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from kestrel import bus
 from kestrel.v1 import events_pb2
@@ -38,40 +37,26 @@ class WorkloadConsumer:
         self._stopping = asyncio.Event()
 
     async def run(self) -> None:
-        sub = await self.js.pull_subscribe(
-            "kestrel.workload.>", durable=DURABLE, stream=STREAM,
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
-                                  max_ack_pending=50_000, deliver_policy=DeliverPolicy.ALL,
-                                  max_deliver=-1))
-        while not self._stopping.is_set():
+        await bus.pull(self.js, bus.Durable(STREAM, "kestrel.workload.>", DURABLE, self.batch,
+                                            max_ack_pending=50_000),
+                       self._handle, self._stopping)
+
+    async def _handle(self, msgs: list[Msg]) -> None:
+        events: list[Event] = []
+        good = []
+        for m in msgs:
             try:
-                msgs = await sub.fetch(self.batch, timeout=0.5)
-            except (TimeoutError, NatsTimeout):
-                continue
-            except Exception as exc:  # connection trouble: nats-py reconnects
-                log.warning("fetch failed: %s", exc)
-                await asyncio.sleep(0.5)
-                continue
-            events: list[Event] = []
-            good = []
-            for m in msgs:
-                try:
-                    events.append(event_from_wire(bus.parse(m, events_pb2.WorkloadEvent)))
-                    good.append(m)
-                except (bus.Unusable, BadEvent) as exc:
-                    self.on_bad()
-                    await bus.park_and_term(self.js, DURABLE, m, f"not a meterable "
-                                            f"WorkloadEvent: {exc}", log)
-            while True:
-                try:
-                    await self.meter.ingest(events)
-                    break
-                except Exception:
-                    # Not acknowledged: retry the same batch (idempotent by event id).
-                    log.exception("ingest failed; retrying the batch")
-                    await asyncio.sleep(1.0)
-            for m in good:
-                await m.ack()
+                events.append(event_from_wire(bus.parse(m, events_pb2.WorkloadEvent)))
+                good.append(m)
+            except (bus.Unusable, BadEvent) as exc:
+                self.on_bad()
+                await bus.park_and_term(self.js, DURABLE, m, f"not a meterable "
+                                        f"WorkloadEvent: {exc}", log)
+        # In place, not nak'd: the ledger takes a batch in stream order (idempotent by
+        # event id), so the next batch waits for this one.
+        await bus.until_done("ingest", lambda: self.meter.ingest(events))
+        for m in good:
+            await m.ack()
 
     def stop(self) -> None:
         self._stopping.set()

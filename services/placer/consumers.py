@@ -15,9 +15,8 @@ import contextlib
 import logging
 
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from kestrel import bus
@@ -80,8 +79,9 @@ async def _handle(js: JetStreamContext, placer: Placer, msg: Msg) -> None:
     try:
         await placer.place(job)
     except Exception as exc:
-        log.warning("placing %s failed (%s); redelivery in 1s", job.job_id, exc)
-        await msg.nak(delay=1.0)
+        log.warning("placing %s failed (%s); redelivery in %.1fs", job.job_id, exc,
+                    bus.WORK_RETRY_S)
+        await msg.nak(delay=bus.WORK_RETRY_S)
         return
     await msg.ack()
 
@@ -113,18 +113,10 @@ async def take_over_in_flight(js: JetStreamContext) -> int:
 async def consume_admitted(js: JetStreamContext, placer: Placer, stop: asyncio.Event,
                            batch: int = 64, ack_wait_s: int = ACK_WAIT_S) -> None:
     await take_over_in_flight(js)
-    sub = await js.pull_subscribe(
-        "kestrel.jobs.admitted.>", durable=DURABLE, stream=STREAM,
-        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait_s, max_deliver=-1,
-                              max_ack_pending=10_000))
-    while not stop.is_set():
-        try:
-            msgs = await sub.fetch(batch, timeout=0.5)
-        except (TimeoutError, NatsTimeout):
-            continue
-        except Exception as exc:  # connection trouble: nats-py reconnects
-            log.warning("fetch failed: %s", exc)
-            await asyncio.sleep(0.5)
-            continue
-        # Jobs are independent: place a batch concurrently, ack each on its own.
+
+    async def handle(msgs: list[Msg]) -> None:
+        # Jobs are independent: place a batch concurrently, ack or nak each on its own.
         await asyncio.gather(*(_handle(js, placer, m) for m in msgs))
+
+    await bus.pull(js, bus.Durable(STREAM, "kestrel.jobs.admitted.>", DURABLE, batch,
+                                   ack_wait_s=ack_wait_s), handle, stop)
