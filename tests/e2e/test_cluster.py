@@ -7,6 +7,8 @@ waits are bounded only so a broken cluster fails instead of hanging.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -255,3 +257,24 @@ def test_gpu_job_never_lands_on_non_gpu_node(api: Any, tenant: str) -> None:
         )
         if wants_gpu and pod.spec.node_name:
             assert pod.spec.node_name in gpu_nodes, pod.metadata.name
+
+
+def test_a_second_apiserver_answers_while_the_first_is_dead(cluster_up: kc.ClusterInfo) -> None:
+    """An HA control plane (start_apiserver_replica): after kill -9 of the kwok-managed
+    kube-apiserver every new connection to the cluster's one address is answered by the
+    replica sharing it (a lone apiserver refuses them until it is back)."""
+    kc.start_apiserver_replica(lambda s: None)
+    try:
+        primary = next(p.pid for p in kc.process_health() if p.component == "kube-apiserver")
+        assert primary is not None and primary != kc.apiserver_replica_pid()
+        os.kill(primary, signal.SIGKILL)
+        wait_for("the killed apiserver to exit", lambda: not kc.control_plane_alive())
+        for _ in range(5):  # each kubectl is a new connection, spread by SO_REUSEPORT
+            got = kc.kubectl("get", "--raw", "/readyz", check=False)
+            assert (got.returncode, got.stdout.strip()) == (0, "ok"), got.stderr
+        assert not kc.control_plane_alive()  # answered by the replica alone
+    finally:
+        kc.restart_dead(lambda s: None)
+        kc.stop_apiserver_replica(lambda s: None)
+    assert kc.apiserver_replica_pid() is None
+    assert wait_for("the restarted apiserver to be ready", kc.apiserver_ready)
