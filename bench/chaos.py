@@ -28,8 +28,15 @@ Every call must end in a success or a clear status (UNAVAILABLE, DEADLINE_EXCEED
 RESOURCE_EXHAUSTED, ABORTED) within its deadline: INTERNAL, UNKNOWN or a call
 that outlives its deadline by a second counts against the fault.
 
-KESTREL_CHAOS_VERBOSE=1 prints each state the probe job passes through, with its time
-since the fault (where a recovery's seconds go).
+The control plane runs two kube-apiservers sharing one address (--apiservers 2, the
+default: an HA control plane, kestrel.cluster.start_apiserver_replica), and the fault
+kills one. With --apiservers 1 the kill is a whole control-plane outage: recovery is
+then bounded by Kueue's client-go reflectors, which double their wait from 0.8 s with
+each refused try (README, Reliability).
+
+KESTREL_CHAOS_VERBOSE=1 prints each state the probe job passes through, and what
+Kubernetes holds of it, with its time since the fault, then the CPU each component
+spent until the plane recovered (where a recovery's seconds go).
 
 Last line: chaos: faults=<n> survived=<n> lost=<n> duplicated=<n> max_recovery_s=<x>
 """
@@ -50,18 +57,22 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 from rich.console import Console
 from rich.table import Table
 
+from bench import account
 from kestrel import cluster
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import ServiceProcess
 from kestrel.sdk import AsyncClient, JobState, KestrelError
+from kestrel.workloads import JOB_ID_LABEL
 
 console = Console(stderr=True)
 TOKEN = "kso_chaos"
@@ -115,6 +126,7 @@ class Phase:
 @dataclass
 class Report:
     phases: list[Phase]
+    apiservers: int = 1
 
     @property
     def faults(self) -> list[Phase]:
@@ -130,8 +142,9 @@ class Report:
                 f"max_recovery_s={worst:.1f}")
 
     def table(self) -> Table:
-        t = Table(title="chaos (2 cores; GPU nodes simulated by KWOK, Kueue and the "
-                        "control plane real)")
+        t = Table(title=f"chaos (2 cores; GPU nodes simulated by KWOK, Kueue and the "
+                        f"control plane real, {self.apiservers} kube-apiserver"
+                        f"{'s' if self.apiservers > 1 else ''})")
         for col in ("fault", "how", "probe before s", "restart s", "recovery s", "calls",
                     "errors", "unclear", "hung", "other restarts", "jobs", "lost", "dup",
                     "survived"):
@@ -151,8 +164,9 @@ class Report:
 
 class Chaos:
     def __init__(self, root: Path, info: cluster.ClusterInfo, tenants: int, rate: float,
-                 progress: Callable[[str], None]) -> None:
+                 progress: Callable[[str], None], apiservers: int = 1) -> None:
         self.root = root
+        self.apiservers = apiservers
         self.info = info
         self.n_tenants = tenants
         self.rate = rate
@@ -347,30 +361,85 @@ class Chaos:
         key = uuid.uuid4().hex
         job_id = ""
         self.last_probe = "no answer yet"
-        while time.monotonic() - started < timeout_s:
-            try:
-                if not job_id:
-                    job_id = (await c.submit_job(name="probe", gpus=1, max_duration_s=30,
-                                                 sim_duration_s=1, flavor="gpu-a10",
-                                                 idempotency_key=key)).job_id
-                job = await c.get_job(job_id)
-                seen = f"job {job_id} {job.state.value} ({job.reason})"
-                if self.verbose and seen != self.last_probe:
-                    self.say(f"    probe +{time.monotonic() - started:.1f}s: {seen}")
-                self.last_probe = seen
-                if job.state in (JobState.RUNNING, JobState.SUCCEEDED):
-                    await c.runway()
-                    conn = await asyncpg.connect(self.stack.postgres_dsn, timeout=2)
-                    try:
-                        if await conn.fetchval("SELECT count(*) FROM allocations "
-                                               "WHERE workload_id = $1", job_id):
-                            return time.monotonic() - started
-                    finally:
-                        await conn.close()
-            except (KestrelError, OSError, asyncpg.PostgresError, TimeoutError) as exc:
-                self.last_probe = f"job {job_id or '-'}: {type(exc).__name__}: {exc}"
-            await asyncio.sleep(0.1)
-        return None
+        trace: asyncio.Task[None] | None = None
+        try:
+            while time.monotonic() - started < timeout_s:
+                try:
+                    if not job_id:
+                        job_id = (await c.submit_job(name="probe", gpus=1, max_duration_s=30,
+                                                     sim_duration_s=1, flavor="gpu-a10",
+                                                     idempotency_key=key)).job_id
+                    job = await c.get_job(job_id)
+                    if self.verbose and trace is None:
+                        trace = asyncio.create_task(self.kube_trace(job_id, started))
+                    seen = f"job {job_id} {job.state.value} ({job.reason})"
+                    if self.verbose and seen != self.last_probe:
+                        self.say(f"    probe +{time.monotonic() - started:.1f}s: {seen}")
+                    self.last_probe = seen
+                    if job.state in (JobState.RUNNING, JobState.SUCCEEDED):
+                        await c.runway()
+                        conn = await asyncpg.connect(self.stack.postgres_dsn, timeout=2)
+                        try:
+                            if await conn.fetchval("SELECT count(*) FROM allocations "
+                                                   "WHERE workload_id = $1", job_id):
+                                return time.monotonic() - started
+                        finally:
+                            await conn.close()
+                except (KestrelError, OSError, asyncpg.PostgresError, TimeoutError) as exc:
+                    self.last_probe = f"job {job_id or '-'}: {type(exc).__name__}: {exc}"
+                await asyncio.sleep(0.1)
+            return None
+        finally:
+            if trace is not None:
+                trace.cancel()
+
+    async def kube_trace(self, job_id: str, started: float) -> None:
+        """Verbose runs: what Kubernetes holds of the probe job (its Job, its Workload's
+        conditions and our check's state), polled every 0.2 s, each change printed with
+        its time since `started`; how a recovery divides between the components."""
+        from kubernetes import client as k8s
+
+        from kestrel.kubeclient import new_api_client
+
+        ns = f"kestrel-{self.tenants[-1]}"
+        api = new_api_client(str(self.info.kubeconfig), 2)
+        batch, custom = k8s.BatchV1Api(api), k8s.CustomObjectsApi(api)
+        label = f"{JOB_ID_LABEL}={job_id}"
+
+        def look() -> list[str]:
+            seen = []
+            jobs = {j.metadata.name for j in
+                    batch.list_namespaced_job(ns, label_selector=label).items if j.metadata}
+            seen += ["Job"] if jobs else []
+            listing: Any = custom.list_namespaced_custom_object(
+                "kueue.x-k8s.io", "v1beta2", ns, "workloads")
+            for wl in listing["items"]:
+                if not any(r.get("name") in jobs
+                           for r in wl["metadata"].get("ownerReferences") or []):
+                    continue
+                st = wl.get("status") or {}
+                seen.append("Workload")
+                seen += [c["type"] for c in st.get("conditions") or [] if c["status"] == "True"]
+                seen += [f"check {a['state']}" for a in st.get("admissionChecks") or []]
+            return seen
+
+        shown: set[str] = set()
+        own = ThreadPoolExecutor(1, "kube-trace")  # not queued behind the load's threads
+        try:
+            while True:
+                try:
+                    now = set(await asyncio.get_running_loop().run_in_executor(own, look))
+                except Exception as exc:
+                    now = {f"apiserver: {type(exc).__name__}"}
+                for s in sorted(now - shown):
+                    self.say(f"    kube  +{time.monotonic() - started:.1f}s: {s}")
+                shown |= now
+                if "Admitted" in now:
+                    return
+                await asyncio.sleep(0.2)
+        finally:
+            own.shutdown(wait=False, cancel_futures=True)
+            api.close()
 
     # --- the run --------------------------------------------------------------------
 
@@ -389,9 +458,13 @@ class Chaos:
                 # What a new job takes on the healthy plane right now: the load piles up
                 # in the cluster, so the same probe is slower late in the run.
                 healthy = await self.probe(time.monotonic(), recovery_timeout_s)
-                self.phase = Phase(fault, HOW.get(fault, "kill -9"), healthy)
+                how = HOW.get(fault, "kill -9")
+                if fault == "kube-apiserver" and self.apiservers > 1:
+                    how += f" (1 of {self.apiservers})"
+                self.phase = Phase(fault, how, healthy)
                 self.phases.append(self.phase)
                 t0 = time.monotonic()
+                cpu0 = account.take_cpu() if self.verbose else {}
                 try:
                     await self.inject(fault)
                     self.phase.repair_s = time.monotonic() - t0
@@ -401,6 +474,11 @@ class Chaos:
                 self.phase.recovery_s = await self.probe(t0, recovery_timeout_s)
                 if self.phase.recovery_s is None:
                     self.phase.notes.append(f"probe, last seen: {self.last_probe}")
+                if self.verbose:  # where the CPU went while the plane recovered
+                    bill = sorted(account.spent(cpu0, account.take_cpu()).items(),
+                                  key=lambda kv: -kv[1])
+                    self.say("    CPU-s until recovered: " + ", ".join(
+                        f"{k} {v:.1f}" for k, v in bill[:10]))
                 self.say(f"  {fault} ({self.phase.how}): recovered in "
                          f"{self.phase.recovery_s or float('nan'):.1f} s")
                 await asyncio.sleep(settle_s)
@@ -412,7 +490,7 @@ class Chaos:
         await self.verify()
         for c in self.clients.values():
             await c.close()
-        return Report(self.phases)
+        return Report(self.phases, self.apiservers)
 
     async def resolve_pending(self) -> None:
         """Submits that never got an answer are retried (same key) until they do."""
@@ -505,10 +583,14 @@ class Chaos:
 async def run(root: Path, faults: list[str], *, tenants: int = 3, rate: float = 0.5,
               settle_s: float = 8.0, recovery_timeout_s: float = 90.0,
               progress: Callable[[str], None] = print, keep: bool = False,
-              show: Callable[[Report], None] = lambda r: None) -> Report:
+              show: Callable[[Report], None] = lambda r: None, apiservers: int = 1) -> Report:
     info = await asyncio.to_thread(cluster.ensure_cluster, lambda s: progress(f"  cluster: {s}"))
-    chaos = Chaos(root, info, tenants, rate, progress)
+    if apiservers not in (1, 2):
+        raise ValueError(f"apiservers must be 1 or 2, not {apiservers}")
+    chaos = Chaos(root, info, tenants, rate, progress, apiservers)
     try:
+        if apiservers == 2:
+            await asyncio.to_thread(cluster.start_apiserver_replica, progress)
         await asyncio.to_thread(chaos.up)
         progress(f"  plane up: {', '.join(SERVICES)}; {tenants} tenants at {rate:g} job/s "
                  f"each, reads every 0.5 s, deadline {DEADLINE_S:g} s")
@@ -518,6 +600,7 @@ async def run(root: Path, faults: list[str], *, tenants: int = 3, rate: float = 
     finally:
         if not keep:
             await asyncio.to_thread(chaos.down)
+            await asyncio.to_thread(cluster.stop_apiserver_replica, progress)
 
 
 def main() -> None:
@@ -529,6 +612,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=0.5, help="jobs per second per tenant")
     ap.add_argument("--settle-s", type=float, default=8.0,
                     help="load before the first fault and after each recovery")
+    ap.add_argument("--apiservers", type=int, choices=(1, 2), default=2,
+                    help="kube-apiservers sharing the control plane's address (default 2)")
     ap.add_argument("--keep", action="store_true", help="leave the plane and devstack up")
     args = ap.parse_args()
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
@@ -551,7 +636,7 @@ def main() -> None:
     try:
         report = asyncio.run(run(root, faults, tenants=args.tenants, rate=args.rate,
                                  settle_s=args.settle_s, progress=console.print,
-                                 keep=args.keep, show=show))
+                                 keep=args.keep, show=show, apiservers=args.apiservers))
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
