@@ -198,7 +198,8 @@ class Chaos:
         self.stack.up()
         ports = port_map(*SERVICES)
         self.env = {
-            **self.stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
+            **self.stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN,
+            "KESTREL_LOG_LEVEL": os.environ.get("KESTREL_CHAOS_LOG_LEVEL", "WARNING"),
             "KESTREL_KUBECONFIG": str(self.info.kubeconfig), "KESTREL_PRICES": PRICES,
             "KESTREL_WORKER_REDIS_URL": self.stack.redis_url,
             "KESTREL_AUTOSCALER_LEASE": f"kestrel-autoscaler-chaos-{self.run_id}",

@@ -69,6 +69,13 @@ class PlacerConfig:
 
 
 async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    marks: list[str] = []  # where the start-up went, logged once serving
+
+    def mark(what: str) -> None:
+        marks.append(f"{what} {loop.time() - began:.1f}")
+
     pool = await create_pool(config.endpoints.postgres_dsn, max_size=4)
     nc = await bus.connect(config.endpoints.nats_url, "placer")
     js = nc.jetstream()
@@ -77,6 +84,7 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     # than the default min(32, cpus + 4) keep creates flowing on a small machine.
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(max_workers=config.kube_threads, thread_name_prefix="kube"))
+    mark("stores")
     kube: Kube = await bus.retry_forever(
         "kubernetes client", lambda: asyncio.to_thread(Kube, config.kubeconfig))
     store = PlacerStore(pool)
@@ -97,8 +105,8 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     placer.on_published = lambda e: published.labels(e.type.word).inc()
     await bus.retry_forever("admission check", placer.ensure_admission_check)
     await bus.retry_forever("prices", placer.refresh)
+    mark("check and prices")
 
-    loop = asyncio.get_running_loop()
     halt = threading.Event()
     emit = placer.feed(loop)
     for kind in KINDS:
@@ -110,10 +118,11 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
                                      name="runway"))
     # Serve once the runway of every tenant is known and every event implied by what
     # exists in Kubernetes is out; a SIGTERM meanwhile still stops the process.
-    for ready in (runway_ready, placer.synced):
+    for what, ready in (("runway view", runway_ready), ("initial lists", placer.synced)):
         await asyncio.wait([asyncio.create_task(ready.wait()),
                             asyncio.create_task(stop.wait())],
                            return_when=asyncio.FIRST_COMPLETED)
+        mark(what)
     if stop.is_set():
         halt.set()
         if placer.standins is not None:
@@ -137,14 +146,15 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
                   config.refresh_s, stop, placer.refresh,
                   "refreshing prices and tenant quotas failed", log), name="refresh"),
               asyncio.create_task(every(
-                  2.0, stop, placer.requeue_stuck,
+                  1.0, stop, placer.requeue_stuck,
                   "requeueing Jobs Kueue left without a Workload failed", log),
                   name="requeue"),
               asyncio.create_task(watch_consumers(
                   js, consumer_pending_gauge(registry), [("KESTREL_JOBS", "placer")], stop),
                   name="lag")]
-    log.info("placer serving gRPC on %s (runway check %r, flavors %s)", server.address,
-             config.settings.runway_check, ",".join(config.settings.flavors))
+    log.info("placer serving gRPC on %s (runway check %r, flavors %s) %.1f s after start "
+             "(s since start: %s)", server.address, config.settings.runway_check,
+             ",".join(config.settings.flavors), loop.time() - began, ", ".join(marks))
     try:
         await stop.wait()
     finally:

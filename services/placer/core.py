@@ -378,7 +378,7 @@ class Placer:
                     touched.add(key)
         return touched
 
-    async def requeue_stuck(self, grace_s: float = 8.0) -> list[Key]:
+    async def requeue_stuck(self, grace_s: float = 3.0) -> list[Key]:
         """Touch each Job Kueue left without a Workload for `grace_s` (at most once per
         `grace_s` each), so Kueue reconciles it now rather than after its backoff."""
         if not self.synced.is_set():
