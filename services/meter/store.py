@@ -121,8 +121,8 @@ class MeterStore:
                               0) END) AS held
             FROM open_reservations r
             LEFT JOIN allocations a ON a.workload_id = r.workload_id
-            WHERE r.tenant = ANY($1::text[]) AND (a.status IS NULL OR a.status <> 2)
-            GROUP BY r.tenant""", list(tenants))
+            WHERE r.tenant = ANY($1::text[]) AND (a.status IS NULL OR a.status <> $2)
+            GROUP BY r.tenant""", list(tenants), AllocStatus.CLOSED.value)
         out = dict.fromkeys(tenants, ZERO)
         out.update({r["tenant"]: r["held"] for r in rows})
         return out
