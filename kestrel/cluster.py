@@ -2029,13 +2029,29 @@ def gpu_seconds_by_job(namespaces: Sequence[str]) -> dict[str, Decimal]:
     Kueue's Admitted to Finished. What the ledger must equal for finished jobs (an
     evicted Workload's Admitted condition turns False at the eviction, so its start
     must be read while it runs)."""
+    return {job: low for job, (low, _) in gpu_seconds_range_by_job(namespaces).items()}
+
+
+def gpu_seconds_range_by_job(namespaces: Sequence[str]) -> dict[str, tuple[Decimal, Decimal]]:
+    """Per Job, (gpus x (Finished - Admitted), gpus x (Finished - the earlier of Admitted
+    and the Job's own start)): the same figure twice but for one case. A Job that
+    Kubernetes says started (status.startTime, set when Kueue unsuspends it, after
+    admission) before its Workload's Admitted time was admitted earlier than that
+    condition now says: Kueue rewrites lastTransitionTime when it retries an admission
+    whose first write landed but whose answer was lost (an apiserver killed mid-request,
+    bench/chaos.py). A placer that saw the first write metered from it, one that saw only
+    the retry from the second; both are Kubernetes' own record."""
     from kubernetes import client as k8s
 
-    custom: Any = k8s.CustomObjectsApi(api_client())
-    out: dict[str, Decimal] = {}
+    api = api_client()
+    custom: Any = k8s.CustomObjectsApi(api)
+    batch: Any = k8s.BatchV1Api(api)
+    out: dict[str, tuple[Decimal, Decimal]] = {}
     for ns in namespaces:
         items = custom.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_API_VERSION, ns,
                                                      "workloads")["items"]
+        started = {j.metadata.name: j.status.start_time
+                   for j in batch.list_namespaced_job(ns).items if j.status and j.metadata}
         for w in items:
             start = condition(w, "Admitted")
             end = condition(w, "Finished")
@@ -2048,7 +2064,10 @@ def gpu_seconds_by_job(namespaces: Sequence[str]) -> dict[str, Decimal]:
             owner = next((o["name"] for o in w["metadata"].get("ownerReferences", [])
                           if o.get("kind") == "Job"), None)
             if owner is not None:
-                secs = (k8s_time_s(end["lastTransitionTime"])
-                        - k8s_time_s(start["lastTransitionTime"]))
-                out[owner] = Decimal(gpus * secs)
+                admitted = k8s_time_s(start["lastTransitionTime"])
+                job_start = started.get(owner)
+                earliest = min(admitted, int(job_start.timestamp())) if job_start else admitted
+                finished = k8s_time_s(end["lastTransitionTime"])
+                out[owner] = (Decimal(gpus * (finished - admitted)),
+                              Decimal(gpus * (finished - earliest)))
     return out
