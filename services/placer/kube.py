@@ -64,8 +64,10 @@ class Kube:
         """One call on the core group by its path; the urllib3 response, unread. The typed
         CoreV1Api is not used: importing it (its module and models) cost 0.9 s of CPU,
         about a third of a placer's start-up and so of its recovery from a crash."""
+        # Options for the client itself (_preload_content, ...) are not query parameters;
+        # any other name not in _QUERY is a caller's mistake and raises KeyError.
         params = [(_QUERY[k], str(v).lower() if isinstance(v, bool) else v)
-                  for k, v in query.items() if k in _QUERY and v is not None]
+                  for k, v in query.items() if not k.startswith("_") and v is not None]
         request = self.api.param_serialize(
             method, path, query_params=params, body=body,
             header_params={"Accept": "application/json", "Content-Type": content_type},
