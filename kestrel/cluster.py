@@ -1266,18 +1266,24 @@ def _restart_dead_components(progress: Progress) -> bool:
     if not specs or any(c not in specs for c in dead):
         return False
     for name in sorted(dead, key=CONTROL_PLANE_COMPONENTS.index):
-        spec = specs[name]
-        env = {**os.environ, **{e["name"]: e.get("value", "") for e in spec.get("envs") or []}}
-        with open(PATHS.kwok_logs / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(
-                [spec["binary"], *spec.get("args", [])], stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, env=env,
-                cwd=spec.get("workDir") or str(PATHS.kwok_cluster), start_new_session=True)
+        proc = _spawn(specs[name], PATHS.kwok_logs / f"{name}.log")
         (PATHS.kwok_cluster / "pids" / f"{name}.pid").write_text(str(proc.pid))
         progress(f"  {name} was dead: restarted as pid {proc.pid} from kwok.yaml")
     with contextlib.suppress(ClusterError):
         _wait_until("restarted control plane processes", control_plane_alive, 10)
     return control_plane_alive()
+
+
+def _spawn(spec: dict[str, Any], log_path: Path,
+           prefix: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """Start a component from its kwok.yaml entry (binary, args, envs, workDir), its
+    output appended to log_path, in a session of its own; `prefix` runs before it."""
+    env = {**os.environ, **{e["name"]: e.get("value", "") for e in spec.get("envs") or []}}
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [*prefix, str(spec["binary"]), *[str(a) for a in spec.get("args", [])]],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            cwd=spec.get("workDir") or str(PATHS.kwok_cluster), start_new_session=True)
 
 
 def restart_dead(progress: Progress = print) -> None:
@@ -1325,17 +1331,11 @@ def start_apiserver_replica(progress: Progress = print, timeout_s: float = 60) -
             raise ClusterError("this cluster's kube-apiserver was created without "
                                "--permit-port-sharing (cluster/manifests/kwokctl.yaml): "
                                "`make down`, then bring it up again")
-        cmd = [str(spec["binary"]), *args]
-        if shutil.which("unshare"):
-            cmd = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
-                   "kestrel-apiserver-replica", *cmd]
-        env = {**os.environ, **{e["name"]: e.get("value", "") for e in spec.get("envs") or []}}
+        prefix = (["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
+                   "kestrel-apiserver-replica"] if shutil.which("unshare") else [])
         log_path = PATHS.kwok_logs / "kube-apiserver-replica.log"
         start = log_path.stat().st_size if log_path.exists() else 0
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                cwd=spec.get("workDir") or str(PATHS.kwok_cluster), start_new_session=True)
+        proc = _spawn(spec, log_path, prefix)
         _replica_pid_file().parent.mkdir(parents=True, exist_ok=True)
         _replica_pid_file().write_text(str(proc.pid))
 
