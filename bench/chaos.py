@@ -68,11 +68,11 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import account
-from kestrel import cluster
+from kestrel import bus, cluster
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import ServiceProcess
 from kestrel.sdk import AsyncClient, JobState, KestrelError
-from kestrel.workloads import JOB_ID_LABEL
+from kestrel.workloads import JOB_ID_LABEL, EventType
 
 console = Console(stderr=True)
 TOKEN = "kso_chaos"
@@ -501,6 +501,62 @@ class Chaos:
                     self.clients[intent.tenant], intent):
                 await asyncio.sleep(0.5)
 
+    async def diagnose(self, conn: asyncpg.Connection, job_id: str, tenant: str) -> str:
+        """Where a job that never ended stopped: admission's transitions, the events the
+        meter received, and what Kubernetes holds (its Job and Workload)."""
+        def name(state: int) -> str:
+            return JobState.from_pb(state).value
+
+        moves = [f"{name(r['from_state'])}->{name(r['to_state'])}({r['reason'][:40]})"
+                 for r in await conn.fetch(
+                     "SELECT from_state, to_state, reason FROM job_transitions WHERE job_id = $1 "
+                     "ORDER BY transition_id", job_id)]
+        seen = [EventType(r["type"]).word if r["type"] in EventType._value2member_map_
+                else str(r["type"]) for r in await conn.fetch(
+            "SELECT type FROM workload_events WHERE workload_id = $1 ORDER BY time_us", job_id)]
+        ns = f"kestrel-{tenant}"
+        kube = []
+        for kind in ("job", "workloads.kueue.x-k8s.io"):
+            out = await asyncio.to_thread(cluster.kubectl, "get", kind, "-n", ns, "-o", "json",
+                                          check=False)
+            items = json.loads(out.stdout or '{"items": []}')["items"] if out.returncode == 0 \
+                else []
+            mine = [o for o in items if o["metadata"]["name"] == job_id or any(
+                r.get("name") == job_id for r in o["metadata"].get("ownerReferences", []))]
+            if not mine:
+                kube.append(f"no {kind.split('.')[0]}")
+            for o in mine:
+                conds = [f"{c['type']}={c['status']}" for c in o.get("status", {}).get(
+                    "conditions", [])]
+                checks = [f"{c['name']}:{c['state']}" for c in o.get("status", {}).get(
+                    "admissionChecks", [])]
+                kube.append(f"{kind.split('.')[0]} suspend={o['spec'].get('suspend')} "
+                            f"{','.join(conds + checks) or 'no conditions'}")
+        return (f"transitions [{' '.join(moves)}], meter saw [{' '.join(seen)}], "
+                f"Kubernetes [{'; '.join(kube)}]")
+
+    async def consumers(self) -> str:
+        """The durable consumers that carry a job from decision to its end: what each
+        stream still holds and what each consumer has delivered, acknowledged, owes."""
+        nc = await bus.connect(self.stack.nats_url, "chaos-verify")
+        try:
+            js = nc.jetstream()
+            out = []
+            for stream, durable in (("KESTREL_JOBS", "placer"),
+                                    ("KESTREL_WORKLOADS", "admission")):
+                st = (await js.stream_info(stream)).state
+                ci = await js.consumer_info(stream, durable)
+                out.append(f"{stream} msgs={st.messages} seq={st.first_seq}-{st.last_seq}; "
+                           f"{durable} delivered={ci.delivered.stream_seq} "
+                           f"ack_floor={ci.ack_floor.stream_seq} "
+                           f"ack_pending={ci.num_ack_pending} pending={ci.num_pending} "
+                           f"redelivered={ci.num_redelivered}")
+            return "NATS: " + " | ".join(out)
+        except Exception as exc:  # a diagnosis only
+            return f"NATS: could not read consumers: {exc}"
+        finally:
+            await nc.close()
+
     async def verify(self) -> None:
         by_phase = {p.fault: p for p in self.phases}
         ids = {j: i for i in self.intents for j in i.job_ids}
@@ -551,7 +607,8 @@ class Chaos:
             states[intent.phase][state.value] += 1
             if row is None or not state.terminal:
                 p.lost += 1
-                p.notes.append(f"{job_id}: {state.value}, never ended")
+                p.notes.append(f"{job_id}: {state.value}, never ended; "
+                               + await self.diagnose(conn, job_id, intent.tenant))
                 continue
             span = k8s_time.get(job_id)
             if span is None:
@@ -575,6 +632,8 @@ class Chaos:
             elif most != want:
                 p.notes.append(f"{job_id}: Kueue rewrote its admission time (a retried "
                                f"write): ledger {got} us, Kubernetes {want}-{most} s")
+        if any("never ended" in n for p in self.phases for n in p.notes):
+            self.phases[-1].notes.append(await self.consumers())
         strangers = k8s_jobs - set(jobs)
         if strangers:
             self.phases[-1].duplicated += len(strangers)

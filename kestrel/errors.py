@@ -129,6 +129,10 @@ def _retry_info(seconds: float) -> any_pb2.Any:
 TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,       # class 08: the connection is gone
     asyncpg.OperatorInterventionError,     # class 57: shutting down, starting up
+    # asyncpg's own state machine on a connection whose server died mid-reply: "cannot
+    # switch to state 11; another operation (2) is in progress" (chaos: kill -9 of the
+    # postmaster answered two reads INTERNAL).
+    asyncpg.InternalClientError,
     nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
     nats.errors.StaleConnectionError, nats.errors.NoServersError,
     nats.errors.OutboundBufferLimitError, nats.errors.NoRespondersError,

@@ -5,6 +5,8 @@
   gRPC status with details (errors.to_status) in exactly one place, and checks
   every string of every request first (kestrel.validation.check_strings: no
   control characters, bounded length), so a new RPC is covered without a line.
+- `completes` runs work that must not stop half-way (a decision between its commit
+  and its announcement) to its end although the RPC awaiting it is cancelled.
 - `Server` installs `DecodeGuard`: a request that does not parse as its message
   (garbage bytes, invalid UTF-8 in a string field) answers INVALID_ARGUMENT
   instead of grpc's UNKNOWN "Unexpected <class DecodeError>".
@@ -12,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -36,6 +39,30 @@ T = TypeVar("T")
 async def abort_with(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
     status = rpc_status.to_status(to_status(exc))
     await context.abort(status.code, status.details, status.trailing_metadata)
+
+
+_finishing: set[asyncio.Future[Any]] = set()  # work left running by cancelled RPCs
+
+
+async def completes(work: Awaitable[T]) -> T:
+    """Await `work` and run it to its end even if this RPC is cancelled meanwhile (the
+    client's deadline passed, it hung up): grpc.aio cancels the handler's task, which
+    would cut a decision between its commit and what must follow it (its hold in
+    memory, its announcement). The caller still sees its status; the work finishes in
+    the background and a failure then is logged."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        _finishing.add(task)
+        task.add_done_callback(_finished)
+        raise
+
+
+def _finished(task: asyncio.Future[Any]) -> None:
+    _finishing.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("work of a cancelled rpc failed after it: %s", task.exception())
 
 
 def _request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:

@@ -68,12 +68,6 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
     controller: RunwayCheckController | None = None
 
     async def send(row: JobRow, prev: JobState | None) -> None:
-        if prev is None:  # a submission decided (a replay after a restart has prev set)
-            metrics.decisions.labels(row.tenant, row.state.name.lower()).inc()
-        elif prev is JobState.HELD and row.state is JobState.ADMITTED:
-            metrics.decisions.labels(row.tenant, "released").inc()
-        if controller is not None and prev is JobState.HELD:
-            controller.wake(row.tenant)  # released or cancelled: its check's verdict moves
         now = now_us()
         sends = [bus.publish(js, bus.subject_job_state(row.tenant), state_changed(row, prev, now),
                              f"state-{row.job_id}-{int(row.state)}")]
@@ -87,7 +81,19 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
     # The job is committed before it is announced: a failed announcement is retried
     # (outbox), and one lost to a crash is made again at start-up (admitted_not_placed).
     outbox = Outbox(send, store.get_many)
-    admission = Admission(store, outbox.publish, max_node_gpus=config.max_node_gpus)
+
+    async def announce(row: JobRow, prev: JobState | None) -> None:
+        """A committed change, counted and woken on once (retries go through the outbox
+        alone), then announced."""
+        if prev is None:  # a submission decided (a replay after a restart has prev set)
+            metrics.decisions.labels(row.tenant, row.state.name.lower()).inc()
+        elif prev is JobState.HELD and row.state is JobState.ADMITTED:
+            metrics.decisions.labels(row.tenant, "released").inc()
+        if controller is not None and prev is JobState.HELD:
+            controller.wake(row.tenant)  # released or cancelled: its check's verdict moves
+        await outbox.publish(row, prev)
+
+    admission = Admission(store, announce, max_node_gpus=config.max_node_gpus)
     await admission.load()
     for row in await store.admitted_not_placed():  # crash between commit and publish
         await outbox.publish(row, row.state)

@@ -7,7 +7,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from kestrel.errors import Violations
-from kestrel.grpcserver import map_errors
+from kestrel.grpcserver import completes, map_errors
 from kestrel.jobs import job_to_wire
 from kestrel.money import fmt
 from kestrel.v1 import admission_pb2, admission_pb2_grpc, common_pb2
@@ -38,8 +38,10 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServicer):
         ask = JobAsk(job.job_id, job.tenant, job.spec.gpus, job.spec.flavor,
                      job.spec.max_duration_s, job.spec.priority,
                      rolling=bool(job.spec.endpoint_id))
-        out = await self.admission.admit(ask, job.spec.name, job.spec.SerializeToString(),
-                                         job.idempotency_key)
+        # Once begun, a decision ends committed, held and announced, deadline or not.
+        out = await completes(self.admission.admit(ask, job.spec.name,
+                                                   job.spec.SerializeToString(),
+                                                   job.idempotency_key))
         b = out.budget
         return admission_pb2.AdmitResponse(
             decision=int(out.decision.verdict),  # type: ignore[arg-type]
@@ -52,7 +54,8 @@ class AdmissionServicer(admission_pb2_grpc.AdmissionServicer):
 
     async def Release(self, request: admission_pb2.ReleaseRequest,
                       context: Ctx) -> admission_pb2.ReleaseResponse:
-        row = await self.admission.cancel(request.tenant, request.job_id, request.reason)
+        row = await completes(self.admission.cancel(request.tenant, request.job_id,
+                                                    request.reason))
         return admission_pb2.ReleaseResponse(released=row.state is JobState.CANCELLED,
                                              job=job_to_wire(row))
 
