@@ -1,4 +1,5 @@
-"""Workload event types, once for every service (values match kestrel.v1.WorkloadEventType)."""
+"""Workload event types and allocation statuses, once for every service (event values
+match kestrel.v1.WorkloadEventType)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,12 @@ class EventType(enum.IntEnum):
     def closes(self) -> bool:
         return self in (EventType.FINISHED, EventType.EVICTED, EventType.FAILED,
                         EventType.CANCELLED)
+
+
+class AllocStatus(enum.IntEnum):
+    """allocations.status: the meter writes it; admission reads CLOSED to spend a hold."""
+
+    OPEN = 1
+    CLOSED = 2
+    # A close arrived before the admission: end known, start not yet.
+    PENDING = 3

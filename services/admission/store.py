@@ -14,10 +14,10 @@ import asyncpg
 
 from kestrel.db import migrate
 from kestrel.jobs import JOB_COLS, JobRow, JobState, job_row
+from kestrel.workloads import AllocStatus
 from services.admission.domain import Decision, JobAsk, Policy, Verdict
 
 MIGRATIONS = Path(__file__).parent / "migrations"
-CLOSED = 2  # services.meter.domain.AllocStatus.CLOSED
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class AdmissionStore:
             FROM (SELECT coalesce(sum(cost), 0) AS s, coalesce(max(row_id), $2) AS m
                   FROM ledger WHERE tenant = $1 AND row_id > $2) l
             LEFT JOIN tenant_profiles p ON p.tenant = $1""", tenant, after_seq, list(started),
-            CLOSED)
+            AllocStatus.CLOSED)
         assert r is not None
         policy = None
         if r["known"]:

@@ -22,16 +22,9 @@ from decimal import Decimal
 
 from kestrel.budget import Budget, budget
 from kestrel.money import ZERO, row_cost
-from kestrel.workloads import EventType
+from kestrel.workloads import AllocStatus, EventType
 
-__all__ = ["EventType"]
-
-
-class AllocStatus(enum.IntEnum):
-    OPEN = 1
-    CLOSED = 2
-    # A close arrived before the admission: end known, start not yet.
-    PENDING = 3
+__all__ = ["AllocStatus", "EventType"]
 
 
 class RowKind(enum.StrEnum):
