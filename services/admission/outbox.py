@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
 from kestrel.jobs import JobRow, JobState
@@ -31,6 +32,7 @@ class Outbox:
         self.read = read
         self.pending: dict[str, tuple[JobState, JobState | None]] = {}
         self.failing: set[str] = set()  # owed ones already warned about
+        self.sending: Counter[str] = Counter()  # sends in flight per job: not owed yet
 
     async def publish(self, row: JobRow, prev: JobState | None) -> None:
         """Announce `row` (its state, reached from `prev`); owed until it goes out.
@@ -42,6 +44,7 @@ class Outbox:
         key, and nothing ever announced it (chaos in CI, nats phase)."""
         entry = (row.state, prev)
         self.pending[row.job_id] = entry
+        self.sending[row.job_id] += 1
         try:
             await self.send(row, prev)
         except asyncio.CancelledError:
@@ -54,6 +57,10 @@ class Outbox:
                 log.warning("publishing job %s (%s) failed: %s; retrying", row.job_id,
                             row.state.name, exc)
             return
+        finally:
+            self.sending[row.job_id] -= 1
+            if self.sending[row.job_id] <= 0:
+                del self.sending[row.job_id]
         if self.pending.get(row.job_id) == entry:  # not superseded while it was sent
             self._settle(row.job_id)
 
@@ -63,18 +70,20 @@ class Outbox:
 
     async def retry(self) -> int:
         """Retry every announcement still owed; returns how many are still owed."""
-        if not self.pending:
-            return 0
-        owed = dict(self.pending)
+        owed = {j: e for j, e in self.pending.items() if j not in self.sending}
+        if not owed:
+            return len(self.pending)
         rows = await self.read(sorted(owed))
+        retried = False
         for job_id, entry in owed.items():
-            if self.pending.get(job_id) != entry:
+            if self.pending.get(job_id) != entry or job_id in self.sending:
                 continue  # announced again while we read: that announcement owns it
             row = rows.get(job_id)
             if row is None or row.state is not entry[0]:
                 self._settle(job_id)  # moved on: its newer state went out itself
                 continue
             await self.publish(row, entry[1])
-        if not self.pending:
+            retried = True
+        if retried and not self.pending:
             log.info("every owed job announcement is out")
         return len(self.pending)

@@ -128,3 +128,23 @@ async def test_an_announcement_made_while_a_retry_reads_the_store_is_left_to_its
     box.read = store.get_many
     assert await box.retry() == 0
     assert bus.sent == [("j1", JobState.ADMITTED, JobState.HELD)]
+
+
+async def test_an_announcement_still_in_flight_is_not_sent_again_by_a_retry() -> None:
+    bus, store = Bus(), Store(row("j1", JobState.ADMITTED))
+    box = Outbox(bus.send, store.get_many)
+    entered, ack = asyncio.Event(), asyncio.Event()
+
+    async def slow(r: JobRow, prev: JobState | None) -> None:
+        entered.set()
+        await ack.wait()  # the stream's ack on its way
+        await bus.send(r, prev)
+
+    box.send = slow
+    sending = asyncio.create_task(box.publish(store.rows["j1"], None))
+    await entered.wait()
+    assert await box.retry() == 1  # owed until acked, but its own send is on it
+    ack.set()
+    await sending
+    assert box.pending == {} and box.sending == {}
+    assert bus.sent == [("j1", JobState.ADMITTED, None)]
