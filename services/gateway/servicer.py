@@ -11,12 +11,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
-from decimal import Decimal
 from typing import Any, TypeAlias
 
 import grpc
-from google.rpc import status_pb2
-from grpc_status import rpc_status
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -25,15 +22,9 @@ from kestrel.clock import now_us
 from kestrel.errors import (
     AlreadyExists,
     FailedPrecondition,
-    InvalidArgument,
-    KestrelError,
     NotFound,
-    PermissionDenied,
-    ResourceExhausted,
-    Unauthenticated,
     Unavailable,
     Violations,
-    details_of,
 )
 from kestrel.grpcserver import map_errors
 from kestrel.jobs import JobRow, JobState, job_to_wire
@@ -51,19 +42,20 @@ from kestrel.v1 import (
     placer_pb2,
     placer_pb2_grpc,
 )
-from kestrel.workloads import simulated_flavor
 from services.gateway import auth
+from services.gateway.callers import Callers
 from services.gateway.endpoint_checks import (
     check_endpoint_id,
     check_endpoint_spec,
     check_infer,
-    normalised_spec,
 )
-from services.gateway.endpoint_store import EndpointRow, EndpointStore
+from services.gateway.endpoint_store import EndpointStore
+from services.gateway.endpoints import Endpoints
 from services.gateway.infer import InferBackend
 from services.gateway.ratelimit import RateLimiter
-from services.gateway.replicas import Replicas, horizon_of
+from services.gateway.replicas import Replicas
 from services.gateway.store import GatewayStore, KeyRow, Profile
+from services.gateway.upstream import call
 from services.gateway.validation import (
     JOB_ID_RE,
     check_amount,
@@ -76,7 +68,6 @@ from services.gateway.validation import (
 
 log = logging.getLogger("kestrel.gateway")
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
-CACHE_S = 1.0
 DEFAULT_RATE, DEFAULT_BURST = 50.0, 100
 
 
@@ -92,41 +83,6 @@ def _key_wire(k: KeyRow) -> gateway_pb2.ApiKey:
                               created_us=k.created_us, revoked_us=k.revoked_us)
 
 
-def _rich_status(err: grpc.aio.AioRpcError) -> status_pb2.Status | None:
-    """The google.rpc.Status a Kestrel backend attached (grpc-status-details-bin)."""
-    try:
-        return rpc_status.from_call(err)
-    except ValueError:  # details that contradict the status line: ignore them
-        return None
-
-
-def downstream(err: grpc.aio.AioRpcError) -> KestrelError:
-    """A failure of another Kestrel service, as this service reports it.
-
-    Input a backend rejects is the caller's: INVALID_ARGUMENT passes through with the
-    backend's field violations. A backend that is away or saturated is UNAVAILABLE with
-    RetryInfo (the backend's delay where it gave one)."""
-    code = err.code()
-    rich = _rich_status(err)
-    violations, retry_after = details_of(rich) if rich is not None else ([], None)
-    if code == grpc.StatusCode.NOT_FOUND:
-        return NotFound(err.details() or "not found")
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidArgument(violations, message=err.details() or "rejected by a backend")
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return FailedPrecondition(err.details() or "rejected by a backend")
-    return Unavailable(f"a backend is unavailable ({code.name}); retry",
-                       retry_after_s=retry_after if retry_after is not None else 1.0)
-
-
-async def _call(coro: Any) -> Any:
-    """Await a call to another service, mapping its failures to ours."""
-    try:
-        return await coro
-    except grpc.aio.AioRpcError as err:
-        raise downstream(err) from None
-
-
 @map_errors
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def __init__(self, store: GatewayStore, limiter: RateLimiter,
@@ -136,50 +92,28 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                  infer_backend: InferBackend | None = None) -> None:
         self.placer = placer
         self.infer_backend = infer_backend
-        self.replicas = Replicas(admission, placer)
-        self._spent: dict[str, tuple[float, bool]] = {}
-        self.endpoint_store = EndpointStore(store.pool)
-        self._endpoint_rows: dict[tuple[str, str], tuple[float, EndpointRow | None]] = {}
-        self._scale_locks: dict[str, asyncio.Lock] = {}
+        self.endpoints = Endpoints(EndpointStore(store.pool), store,
+                                   Replicas(admission, placer), meter, infer_backend,
+                                   placed=placer is not None)
         self.store = store
-        self.limiter = limiter
         self.admission = admission
         self.meter = meter
         self.nc = nc
-        self.operator_token_hash = operator_token_hash
         self.max_node_gpus = max_node_gpus
-        self._keys: dict[str, tuple[float, KeyRow | None]] = {}
-        self._revocations = 0  # bumped by every revocation: see _cached_key
-        self._profiles: dict[str, tuple[float, Profile | None]] = {}
+        self.callers = Callers(store, limiter, operator_token_hash)
         self._flavors: tuple[float, set[str]] = (0.0, set())
 
-    # --- auth ----------------------------------------------------------------
+    # --- callers -------------------------------------------------------------
 
     def _operator(self, context: Ctx) -> None:
-        token = auth.bearer(context.invocation_metadata())
-        if not auth.token_matches(token, self.operator_token_hash):
-            raise PermissionDenied("this call needs the operator token")
+        self.callers.operator(context.invocation_metadata())
 
-    async def _cached_key(self, key_id: str) -> KeyRow | None:
-        """A key row, cached for CACHE_S: what bounds a revoked key's life on the other
-        gateway replicas (this one drops it as it revokes). A read that a revocation
-        overtook is not cached: it could hold the key as it was before."""
-        hit = self._keys.get(key_id)
-        if hit and time.monotonic() - hit[0] < CACHE_S:
-            return hit[1]
-        before = self._revocations
-        row = await self.store.key(key_id)
-        if self._revocations == before:
-            self._keys[key_id] = (time.monotonic(), row)
-        return row
+    async def _tenant(self, context: Ctx) -> Profile:
+        """The calling tenant (its key checked, one token of its rate limit spent)."""
+        return await self.callers.tenant(context.invocation_metadata())
 
-    async def _profile(self, tenant: str) -> Profile | None:
-        hit = self._profiles.get(tenant)
-        if hit and time.monotonic() - hit[0] < CACHE_S:
-            return hit[1]
-        p = await self.store.profile(tenant)
-        self._profiles[tenant] = (time.monotonic(), p)
-        return p
+    def _forget(self, tenant: str) -> None:
+        self.callers.forget(tenant)
 
     async def _flavor_names(self) -> set[str]:
         at, names = self._flavors
@@ -187,27 +121,6 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             names = await self.store.flavors()
             self._flavors = (time.monotonic(), names)
         return names
-
-    async def _tenant(self, context: Ctx) -> Profile:
-        """Authenticate a tenant key and spend one token of its rate limit."""
-        key_id, secret = auth.parse_key(auth.bearer(context.invocation_metadata()))
-        key = await self._cached_key(key_id)
-        if key is None or not auth.secret_matches(secret, key.secret_hash):
-            raise Unauthenticated("the API key is not valid")
-        if key.revoked_us:
-            raise Unauthenticated("the API key was revoked")
-        profile = await self._profile(key.tenant)
-        if profile is None:
-            raise Unauthenticated("the API key's tenant no longer exists")
-        verdict = await self.limiter.take(profile.tenant, profile.rate_per_s, profile.burst)
-        if not verdict.allowed:
-            raise ResourceExhausted(
-                f"rate limit of {profile.rate_per_s:g}/s (burst {profile.burst}) exceeded",
-                retry_after_s=verdict.retry_after_s)
-        return profile
-
-    def _forget(self, tenant: str) -> None:
-        self._profiles.pop(tenant, None)
 
     async def _ensure_queues(self, p: Profile) -> None:
         """Ask the placer for the tenant's namespace and queues now. Best effort: the
@@ -241,7 +154,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                           dict(t.gpu_borrow))
         if await self.store.profile(t.tenant) is not None:
             raise AlreadyExists(f"tenant {t.tenant!r} exists")
-        account = await _call(self.meter.CreateAccount(meter_pb2.CreateAccountRequest(
+        account = await call(self.meter.CreateAccount(meter_pb2.CreateAccountRequest(
             tenant=t.tenant, initial_credits=request.initial_credits), timeout=10))
         if not await self.store.insert_profile(profile):
             raise AlreadyExists(f"tenant {t.tenant!r} exists")
@@ -260,7 +173,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                         context: Ctx) -> gateway_pb2.GetTenantResponse:
         self._operator(context)
         p = await self._existing(request.tenant)
-        runway = await _call(self.meter.GetRunway(meter_pb2.GetRunwayRequest(tenant=p.tenant),
+        runway = await call(self.meter.GetRunway(meter_pb2.GetRunwayRequest(tenant=p.tenant),
                                                   timeout=10))
         return gateway_pb2.GetTenantResponse(tenant=_tenant_wire(p), runway=runway.runway)
 
@@ -326,8 +239,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         row = await self.store.revoke_key(request.key_id, now_us())
         if row is None:
             raise NotFound(f"key {request.key_id[:32]!r} does not exist")
-        self._revocations += 1
-        self._keys.pop(request.key_id, None)
+        self.callers.revoked(request.key_id)
         return gateway_pb2.RevokeApiKeyResponse(key=_key_wire(row))
 
     async def TopUp(self, request: gateway_pb2.GatewayTopUpRequest,
@@ -339,7 +251,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         check_amount(v, "amount", request.amount, optional=False)
         v.raise_if_any()
         await self._existing(request.tenant)
-        resp = await _call(self.meter.TopUp(meter_pb2.TopUpRequest(
+        resp = await call(self.meter.TopUp(meter_pb2.TopUpRequest(
             tenant=request.tenant, amount=request.amount, top_up_id=request.top_up_id,
             note=request.note), timeout=10))
         return gateway_pb2.GatewayTopUpResponse(runway=resp.runway, applied=resp.applied)
@@ -359,7 +271,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                           "characters")
         v.raise_if_any()
         await self._existing(request.tenant)
-        resp = await _call(self.meter.Adjust(meter_pb2.AdjustRequest(
+        resp = await call(self.meter.Adjust(meter_pb2.AdjustRequest(
             tenant=request.tenant, amount=request.amount, adjust_id=request.adjust_id,
             note=request.note), timeout=10))
         return gateway_pb2.AdjustCreditsResponse(runway=resp.runway, applied=resp.applied)
@@ -377,7 +289,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                              created_us=now_us())
         remaining = context.time_remaining()
         timeout = min(10.0, remaining) if remaining is not None else 10.0
-        resp = await _call(self.admission.Admit(admission_pb2.AdmitRequest(job=job),
+        resp = await call(self.admission.Admit(admission_pb2.AdmitRequest(job=job),
                                                 timeout=timeout))
         return gateway_pb2.SubmitJobResponse(job=resp.job)
 
@@ -435,7 +347,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             v = Violations()
             v.add("reason", "must be at most 200 printable characters")
             v.raise_if_any()
-        resp = await _call(self.admission.Release(admission_pb2.ReleaseRequest(
+        resp = await call(self.admission.Release(admission_pb2.ReleaseRequest(
             tenant=tenant.tenant, job_id=request.job_id, reason=request.reason), timeout=10))
         if self.placer is not None:
             # Delete the Kubernetes Job: its allocation ends at this instant. Should the
@@ -483,82 +395,21 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def GetMyRunway(self, request: gateway_pb2.GetMyRunwayRequest,
                           context: Ctx) -> gateway_pb2.GetMyRunwayResponse:
         tenant = await self._tenant(context)
-        resp = await _call(self.meter.GetRunway(meter_pb2.GetRunwayRequest(tenant=tenant.tenant),
+        resp = await call(self.meter.GetRunway(meter_pb2.GetRunwayRequest(tenant=tenant.tenant),
                                                 timeout=10))
         return gateway_pb2.GetMyRunwayResponse(runway=resp.runway)
 
     async def ListMyUsage(self, request: gateway_pb2.ListMyUsageRequest,
                           context: Ctx) -> gateway_pb2.ListMyUsageResponse:
         tenant = await self._tenant(context)
-        resp = await _call(self.meter.ListUsage(meter_pb2.ListUsageRequest(
+        resp = await call(self.meter.ListUsage(meter_pb2.ListUsageRequest(
             tenant=tenant.tenant, start_us=request.start_us, end_us=request.end_us,
             workload_id=request.workload_id, page_size=request.page_size,
             page_token=request.page_token), timeout=10))
         return gateway_pb2.ListMyUsageResponse(rows=resp.rows,
                                                next_page_token=resp.next_page_token)
 
-    # --- tenant: endpoints ---------------------------------------------------
-    # With a placer, each replica is a Kestrel job (services/gateway/replicas.py) that
-    # admission reserves a rolling horizon for and Kueue admits on the real cluster.
-    # Without one (a plane with no cluster), replicas are host processes an operator
-    # starts with KESTREL_WORKER_ENDPOINT=<endpoint id>.
-
-    async def _endpoint(self, tenant: str, endpoint_id: str,
-                        cached: bool = False) -> EndpointRow:
-        """The caller's live endpoint; another tenant's is one that never existed. Infer
-        reads through a CACHE_S cache (a deletion on another gateway holds within it)."""
-        v = Violations()
-        check_endpoint_id(v, endpoint_id)
-        v.raise_if_any()
-        key = (tenant, endpoint_id)
-        hit = self._endpoint_rows.get(key) if cached else None
-        if hit and time.monotonic() - hit[0] < CACHE_S:
-            row = hit[1]
-        else:
-            row = await self.endpoint_store.get(tenant, endpoint_id)
-            self._endpoint_rows[key] = (time.monotonic(), row)
-            if len(self._endpoint_rows) > 10_000:
-                self._endpoint_rows.clear()
-        if row is None:
-            raise NotFound(f"endpoint {endpoint_id} not found")
-        if row.deleted_us:
-            raise NotFound(f"endpoint {endpoint_id} was deleted")
-        return row
-
-    async def _endpoint_wire(self, row: EndpointRow) -> common_pb2.Endpoint:
-        fresh = await self.infer_backend.ready_replicas(row.endpoint_id) \
-            if self.infer_backend is not None else set()
-        live = await self._live_replicas(row)
-        placed = len(live)
-        # Placed replicas heartbeat under their job id: one stopped a moment ago still
-        # heartbeats for up to three intervals and is not ready. Host processes (no
-        # placer) are ready when they heartbeat.
-        ready = len(fresh & set(live)) if self.placer is not None else len(fresh)
-        if ready:
-            reason = ""
-        elif self.placer is None:
-            reason = ("no ready replica: with no cluster, replicas are host processes "
-                      f"started with KESTREL_WORKER_ENDPOINT={row.endpoint_id}")
-        elif row.deleted_us:
-            reason = "deleted"
-        else:
-            reason = (f"{placed} replica(s) placed on {row.spec.flavor}; waiting for a "
-                      "worker's first heartbeat (Kueue admission, then the model load)")
-        # Placed replicas are the count; without a placer, those heartbeating.
-        replicas = placed if self.placer is not None else max(placed, ready)
-        return common_pb2.Endpoint(endpoint_id=row.endpoint_id, tenant=row.tenant,
-                                   spec=row.spec, replicas=replicas,
-                                   ready_replicas=ready, reason=reason,
-                                   created_us=row.created_us,
-                                   simulated=self.placer is not None
-                                   and simulated_flavor(row.spec.flavor))
-
-    async def _live_replicas(self, row: EndpointRow) -> tuple[str, ...]:
-        """Its replicas that have not ended (one evicted at zero budget has)."""
-        if not row.replicas or self.placer is None:
-            return row.replicas
-        ended = await self.store.ended(row.replicas)
-        return tuple(j for j in row.replicas if j not in ended)
+    # --- tenant: endpoints (services/gateway/endpoints.py) ----------------------
 
     async def ListAllEndpoints(self, request: gateway_pb2.ListAllEndpointsRequest,
                                context: Ctx) -> gateway_pb2.ListAllEndpointsResponse:
@@ -568,10 +419,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         query = ("all-endpoints", request.tenant)
         after = after_int(v, request.page_token, query)
         v.raise_if_any()
-        rows = await self.endpoint_store.every_live(request.tenant, after, size + 1)
+        rows = await self.endpoints.store.every_live(request.tenant, after, size + 1)
         token = encode_token(rows[size - 1].seq, query) if len(rows) > size else ""
         return gateway_pb2.ListAllEndpointsResponse(
-            endpoints=[await self._endpoint_wire(r) for r in rows[:size]],
+            endpoints=[await self.endpoints.wire(r) for r in rows[:size]],
             next_page_token=token)
 
     async def ScaleEndpoint(self, request: gateway_pb2.GatewayScaleEndpointRequest,
@@ -582,38 +433,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if not request.tenant:
             v.add("tenant", "is required")
         v.raise_if_any()
-        row = await self.endpoint_store.get(request.tenant, request.endpoint_id)
-        if row is None or row.deleted_us:
-            raise NotFound(f"endpoint {request.endpoint_id} of {request.tenant!r} not found")
-        if not 0 <= request.replicas <= row.spec.max_replicas:
-            v.add("replicas", f"must be 0..{row.spec.max_replicas} (the endpoint's max)")
-            v.raise_if_any()
-        if self.placer is None:
-            raise FailedPrecondition("this gateway has no cluster: replicas are host "
-                                     "processes, started by hand")
-        lock = self._scale_locks.setdefault(row.endpoint_id, asyncio.Lock())
-        async with lock:
-            row = await self.endpoint_store.get(request.tenant, request.endpoint_id) or row
-            live = await self._live_replicas(row)
-            started: tuple[str, ...] = ()
-            stopped: tuple[str, ...] = ()
-            refusal = ""
-            if request.replicas > len(live):
-                added = await self.replicas.add(row.tenant, row.endpoint_id, row.spec,
-                                                len(live), request.replicas - len(live),
-                                                now_us())
-                started, refusal = added.job_ids, added.refusal
-            elif request.replicas < len(live):
-                stopped = live[request.replicas:]  # the newest go first
-                await self.replicas.stop(row.tenant, stopped,
-                                         f"scaled down: {request.reason or 'operator'}")
-            keep = tuple(j for j in live if j not in stopped) + started
-            await self.endpoint_store.set_replicas(row.tenant, row.endpoint_id, keep)
-            self._endpoint_rows.pop((row.tenant, row.endpoint_id), None)
-            row = replace(row, replicas=keep)
+        out = await self.endpoints.scale(request.tenant, request.endpoint_id, request.replicas,
+                                         request.reason)
         return gateway_pb2.GatewayScaleEndpointResponse(
-            endpoint=await self._endpoint_wire(row), started=started, stopped=stopped,
-            refusal=refusal)
+            endpoint=await self.endpoints.wire(out.row), started=out.started,
+            stopped=out.stopped, refusal=out.refusal)
 
     async def CreateEndpoint(self, request: gateway_pb2.CreateEndpointRequest,
                              context: Ctx) -> gateway_pb2.CreateEndpointResponse:
@@ -623,54 +447,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         v.raise_if_any()
         if tenant.suspended:
             raise FailedPrecondition(f"tenant {tenant.tenant!r} is suspended")
-        spec = normalised_spec(request.spec)
-        if self.placer is not None:
-            spec.reservation_horizon_s = horizon_of(spec)
-        row = await self.endpoint_store.insert(f"ep-{uuid.uuid4().hex[:16]}", tenant.tenant,
-                                               spec, now_us())
-        if row is None:
-            raise AlreadyExists(f"an endpoint named {request.spec.name!r} exists")
-        if self.placer is not None:
-            row = await self._start_replicas(row)
-        return gateway_pb2.CreateEndpointResponse(endpoint=await self._endpoint_wire(row))
-
-    async def _start_replicas(self, row: EndpointRow) -> EndpointRow:
-        """Its first replicas (min_replicas, at least one), each admitted against the
-        budget for the horizon; if the budget cannot hold them all, none is kept and
-        the endpoint is not created."""
-        count = max(1, row.spec.min_replicas)
-        try:
-            added = await self.replicas.add(row.tenant, row.endpoint_id, row.spec, 0, count,
-                                            now_us())
-        except grpc.aio.AioRpcError as err:
-            await self.endpoint_store.delete(row.tenant, row.endpoint_id, now_us())
-            raise downstream(err) from None
-        if added.refusal:
-            await self.replicas.stop(row.tenant, added.job_ids, "the endpoint was not created")
-            await self.endpoint_store.delete(row.tenant, row.endpoint_id, now_us())
-            raise FailedPrecondition(
-                f"the budget cannot hold {count} replica(s) of {row.spec.name} for its "
-                f"horizon of {horizon_of(row.spec)} s: {added.refusal}")
-        await self.endpoint_store.set_replicas(row.tenant, row.endpoint_id, added.job_ids)
-        return replace(row, replicas=added.job_ids)
-
-    async def _budget_spent(self, tenant: str) -> bool:
-        """credits - charged <= 0, as the meter last said (cached 2 s per tenant): the
-        runway check has deactivated (or is deactivating) every replica."""
-        hit = self._spent.get(tenant)
-        if hit and time.monotonic() - hit[0] < 2.0:
-            return hit[1]
-        runway = (await _call(self.meter.GetRunway(
-            meter_pb2.GetRunwayRequest(tenant=tenant), timeout=5))).runway
-        spent = Decimal(runway.credits or "0") - Decimal(runway.charged or "0") <= 0
-        self._spent[tenant] = (time.monotonic(), spent)
-        return spent
+        row = await self.endpoints.create(tenant.tenant, request.spec)
+        return gateway_pb2.CreateEndpointResponse(endpoint=await self.endpoints.wire(row))
 
     async def GetEndpoint(self, request: gateway_pb2.GetEndpointRequest,
                           context: Ctx) -> gateway_pb2.GetEndpointResponse:
         tenant = await self._tenant(context)
-        row = await self._endpoint(tenant.tenant, request.endpoint_id)
-        return gateway_pb2.GetEndpointResponse(endpoint=await self._endpoint_wire(row))
+        row = await self.endpoints.get(tenant.tenant, request.endpoint_id)
+        return gateway_pb2.GetEndpointResponse(endpoint=await self.endpoints.wire(row))
 
     async def ListEndpoints(self, request: gateway_pb2.ListEndpointsRequest,
                             context: Ctx) -> gateway_pb2.ListEndpointsResponse:
@@ -680,10 +464,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         query = ("endpoints", tenant.tenant)
         after = after_int(v, request.page_token, query)
         v.raise_if_any()
-        rows = await self.endpoint_store.live(tenant.tenant, after, size + 1)
+        rows = await self.endpoints.store.live(tenant.tenant, after, size + 1)
         token = encode_token(rows[size - 1].seq, query) if len(rows) > size else ""
         return gateway_pb2.ListEndpointsResponse(
-            endpoints=[await self._endpoint_wire(r) for r in rows[:size]],
+            endpoints=[await self.endpoints.wire(r) for r in rows[:size]],
             next_page_token=token)
 
     async def DeleteEndpoint(self, request: gateway_pb2.GatewayDeleteEndpointRequest,
@@ -692,23 +476,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         v = Violations()
         check_endpoint_id(v, request.endpoint_id)
         v.raise_if_any()
-        row = await self.endpoint_store.get(tenant.tenant, request.endpoint_id)
-        if row is None:
-            raise NotFound(f"endpoint {request.endpoint_id} not found")
-        deleted = await self.endpoint_store.delete(tenant.tenant, request.endpoint_id, now_us())
-        self._endpoint_rows.pop((tenant.tenant, request.endpoint_id), None)
-        if deleted and row.replicas:
-            await self.replicas.stop(tenant.tenant, row.replicas, "the endpoint was deleted")
+        deleted = await self.endpoints.delete(tenant.tenant, request.endpoint_id)
         return gateway_pb2.GatewayDeleteEndpointResponse(deleted=deleted)
 
     async def Infer(self, request: gateway_pb2.InferRequest,
                     context: Ctx) -> gateway_pb2.InferResponse:
         tenant = await self._tenant(context)
         priority, timeout_s = check_infer(request, context.time_remaining())
-        row = await self._endpoint(tenant.tenant, request.endpoint_id, cached=True)
+        row = await self.endpoints.get(tenant.tenant, request.endpoint_id, cached=True)
         if self.infer_backend is None:
             raise Unavailable("inference is not configured on this gateway", 5.0)
-        if self.placer is not None and await self._budget_spent(tenant.tenant):
+        if self.placer is not None and await self.endpoints.budget_spent(tenant.tenant):
             raise FailedPrecondition(
                 f"tenant {tenant.tenant!r}'s budget is spent: the replicas of endpoint "
                 f"{row.endpoint_id} were stopped; top up, then create the endpoint again")

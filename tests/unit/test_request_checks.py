@@ -34,7 +34,8 @@ from kestrel.v1 import admission_pb2, gateway_pb2, meter_pb2, placer_pb2
 from kestrel.validation import DEFAULT_MAX_CHARS, check_strings, string_violations
 from services.admission.servicer import AdmissionServicer
 from services.gateway import ratelimit
-from services.gateway.servicer import GatewayServicer, downstream
+from services.gateway.servicer import GatewayServicer
+from services.gateway.upstream import downstream
 from services.meter.servicer import MeterServicer
 from services.placer.servicer import PlacerServicer
 

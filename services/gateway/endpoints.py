@@ -1,0 +1,199 @@
+"""A tenant's inference endpoints behind the gateway: what each holds, what it shows,
+and how its replicas are started, scaled and stopped. The servicer checks who calls
+and what they sent; this module does the rest.
+
+With a placer, each replica is a Kestrel job (services/gateway/replicas.py) that
+admission reserves a rolling horizon for and Kueue admits on the real cluster.
+Without one (a plane with no cluster), replicas are host processes an operator starts
+with KESTREL_WORKER_ENDPOINT=<endpoint id>.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, replace
+from decimal import Decimal
+
+import grpc
+
+from kestrel.clock import now_us
+from kestrel.errors import AlreadyExists, FailedPrecondition, NotFound, Violations
+from kestrel.v1 import common_pb2, meter_pb2, meter_pb2_grpc
+from kestrel.workloads import simulated_flavor
+from services.gateway.callers import CACHE_S
+from services.gateway.endpoint_checks import check_endpoint_id, normalised_spec
+from services.gateway.endpoint_store import EndpointRow, EndpointStore
+from services.gateway.infer import InferBackend
+from services.gateway.replicas import Replicas, horizon_of
+from services.gateway.store import GatewayStore
+from services.gateway.upstream import call, downstream
+
+SPENT_CACHE_S = 2.0
+
+
+@dataclass(frozen=True)
+class Scaled:
+    row: EndpointRow
+    started: tuple[str, ...]
+    stopped: tuple[str, ...]
+    refusal: str  # why fewer were started than asked, if so
+
+
+class Endpoints:
+    def __init__(self, store: EndpointStore, jobs: GatewayStore, replicas: Replicas,
+                 meter: meter_pb2_grpc.MeterStub, infer_backend: InferBackend | None,
+                 placed: bool) -> None:
+        self.store = store
+        self.jobs = jobs
+        self.replicas = replicas
+        self.meter = meter
+        self.infer_backend = infer_backend
+        self.placed = placed  # a placer runs replicas on the cluster
+        self._rows: dict[tuple[str, str], tuple[float, EndpointRow | None]] = {}
+        self._spent: dict[str, tuple[float, bool]] = {}
+        self._scale_locks: dict[str, asyncio.Lock] = {}
+
+    async def get(self, tenant: str, endpoint_id: str, cached: bool = False) -> EndpointRow:
+        """The caller's live endpoint; another tenant's is one that never existed. Infer
+        reads through a CACHE_S cache (a deletion on another gateway holds within it)."""
+        v = Violations()
+        check_endpoint_id(v, endpoint_id)
+        v.raise_if_any()
+        key = (tenant, endpoint_id)
+        hit = self._rows.get(key) if cached else None
+        if hit and time.monotonic() - hit[0] < CACHE_S:
+            row = hit[1]
+        else:
+            row = await self.store.get(tenant, endpoint_id)
+            self._rows[key] = (time.monotonic(), row)
+            if len(self._rows) > 10_000:
+                self._rows.clear()
+        if row is None:
+            raise NotFound(f"endpoint {endpoint_id} not found")
+        if row.deleted_us:
+            raise NotFound(f"endpoint {endpoint_id} was deleted")
+        return row
+
+    async def wire(self, row: EndpointRow) -> common_pb2.Endpoint:
+        fresh = await self.infer_backend.ready_replicas(row.endpoint_id) \
+            if self.infer_backend is not None else set()
+        live = await self.live_replicas(row)
+        placed = len(live)
+        # Placed replicas heartbeat under their job id: one stopped a moment ago still
+        # heartbeats for up to three intervals and is not ready. Host processes (no
+        # placer) are ready when they heartbeat.
+        ready = len(fresh & set(live)) if self.placed else len(fresh)
+        if ready:
+            reason = ""
+        elif not self.placed:
+            reason = ("no ready replica: with no cluster, replicas are host processes "
+                      f"started with KESTREL_WORKER_ENDPOINT={row.endpoint_id}")
+        elif row.deleted_us:
+            reason = "deleted"
+        else:
+            reason = (f"{placed} replica(s) placed on {row.spec.flavor}; waiting for a "
+                      "worker's first heartbeat (Kueue admission, then the model load)")
+        # Placed replicas are the count; without a placer, those heartbeating.
+        replicas = placed if self.placed else max(placed, ready)
+        return common_pb2.Endpoint(endpoint_id=row.endpoint_id, tenant=row.tenant,
+                                   spec=row.spec, replicas=replicas,
+                                   ready_replicas=ready, reason=reason,
+                                   created_us=row.created_us,
+                                   simulated=self.placed and simulated_flavor(row.spec.flavor))
+
+    async def live_replicas(self, row: EndpointRow) -> tuple[str, ...]:
+        """Its replicas that have not ended (one evicted at zero budget has)."""
+        if not row.replicas or not self.placed:
+            return row.replicas
+        ended = await self.jobs.ended(row.replicas)
+        return tuple(j for j in row.replicas if j not in ended)
+
+    async def create(self, tenant: str, spec: common_pb2.EndpointSpec) -> EndpointRow:
+        """A checked spec becomes an endpoint with its first replicas placed."""
+        spec = normalised_spec(spec)
+        if self.placed:
+            spec.reservation_horizon_s = horizon_of(spec)
+        row = await self.store.insert(f"ep-{uuid.uuid4().hex[:16]}", tenant, spec, now_us())
+        if row is None:
+            raise AlreadyExists(f"an endpoint named {spec.name!r} exists")
+        if self.placed:
+            row = await self._start_replicas(row)
+        return row
+
+    async def _start_replicas(self, row: EndpointRow) -> EndpointRow:
+        """Its first replicas (min_replicas, at least one), each admitted against the
+        budget for the horizon; if the budget cannot hold them all, none is kept and
+        the endpoint is not created."""
+        count = max(1, row.spec.min_replicas)
+        try:
+            added = await self.replicas.add(row.tenant, row.endpoint_id, row.spec, 0, count,
+                                            now_us())
+        except grpc.aio.AioRpcError as err:
+            await self.store.delete(row.tenant, row.endpoint_id, now_us())
+            raise downstream(err) from None
+        if added.refusal:
+            await self.replicas.stop(row.tenant, added.job_ids, "the endpoint was not created")
+            await self.store.delete(row.tenant, row.endpoint_id, now_us())
+            raise FailedPrecondition(
+                f"the budget cannot hold {count} replica(s) of {row.spec.name} for its "
+                f"horizon of {horizon_of(row.spec)} s: {added.refusal}")
+        await self.store.set_replicas(row.tenant, row.endpoint_id, added.job_ids)
+        return replace(row, replicas=added.job_ids)
+
+    async def scale(self, tenant: str, endpoint_id: str, replicas: int,
+                    reason: str) -> Scaled:
+        """Start or stop replicas until `replicas` run (the newest stop first); one
+        scaling of an endpoint at a time."""
+        row = await self.store.get(tenant, endpoint_id)
+        if row is None or row.deleted_us:
+            raise NotFound(f"endpoint {endpoint_id} of {tenant!r} not found")
+        if not 0 <= replicas <= row.spec.max_replicas:
+            v = Violations()
+            v.add("replicas", f"must be 0..{row.spec.max_replicas} (the endpoint's max)")
+            v.raise_if_any()
+        if not self.placed:
+            raise FailedPrecondition("this gateway has no cluster: replicas are host "
+                                     "processes, started by hand")
+        async with self._scale_locks.setdefault(row.endpoint_id, asyncio.Lock()):
+            row = await self.store.get(tenant, endpoint_id) or row
+            live = await self.live_replicas(row)
+            started: tuple[str, ...] = ()
+            stopped: tuple[str, ...] = ()
+            refusal = ""
+            if replicas > len(live):
+                added = await self.replicas.add(row.tenant, row.endpoint_id, row.spec,
+                                                len(live), replicas - len(live), now_us())
+                started, refusal = added.job_ids, added.refusal
+            elif replicas < len(live):
+                stopped = live[replicas:]
+                await self.replicas.stop(row.tenant, stopped,
+                                         f"scaled down: {reason or 'operator'}")
+            keep = tuple(j for j in live if j not in stopped) + started
+            await self.store.set_replicas(row.tenant, row.endpoint_id, keep)
+            self._rows.pop((row.tenant, row.endpoint_id), None)
+        return Scaled(replace(row, replicas=keep), started, stopped, refusal)
+
+    async def delete(self, tenant: str, endpoint_id: str) -> bool:
+        """Delete it and stop its replicas; False when it was deleted already."""
+        row = await self.store.get(tenant, endpoint_id)
+        if row is None:
+            raise NotFound(f"endpoint {endpoint_id} not found")
+        deleted = await self.store.delete(tenant, endpoint_id, now_us())
+        self._rows.pop((tenant, endpoint_id), None)
+        if deleted and row.replicas:
+            await self.replicas.stop(tenant, row.replicas, "the endpoint was deleted")
+        return deleted
+
+    async def budget_spent(self, tenant: str) -> bool:
+        """credits - charged <= 0, as the meter last said (cached 2 s per tenant): the
+        runway check has deactivated (or is deactivating) every replica."""
+        hit = self._spent.get(tenant)
+        if hit and time.monotonic() - hit[0] < SPENT_CACHE_S:
+            return hit[1]
+        runway = (await call(self.meter.GetRunway(
+            meter_pb2.GetRunwayRequest(tenant=tenant), timeout=5))).runway
+        spent = Decimal(runway.credits or "0") - Decimal(runway.charged or "0") <= 0
+        self._spent[tenant] = (time.monotonic(), spent)
+        return spent
