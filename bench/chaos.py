@@ -68,7 +68,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import account
-from kestrel import bus, cluster
+from kestrel import bus, cluster, kubework
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import ServiceProcess
 from kestrel.sdk import AsyncClient, JobState, KestrelError
@@ -583,7 +583,7 @@ class Chaos:
         finally:
             await conn.close()
         namespaces = [f"kestrel-{t}" for t in self.tenants[:-1]]
-        k8s_time = await asyncio.to_thread(cluster.gpu_seconds_range_by_job, namespaces)
+        k8s_time = await asyncio.to_thread(kubework.gpu_seconds_range_by_job, namespaces)
         k8s_jobs: set[str] = set()
         for ns in namespaces:
             out = await asyncio.to_thread(cluster.kubectl, "get", "jobs", "-n", ns, "-o",
@@ -617,7 +617,7 @@ class Chaos:
                     p.notes.append(f"{job_id}: {state.value}, no finished Workload")
                 continue
             # Admitted -> Finished as Kubernetes recorded it; `most` differs only where
-            # Kueue rewrote a torn admission's time (cluster.gpu_seconds_range_by_job).
+            # Kueue rewrote a torn admission's time (kubework.gpu_seconds_range_by_job).
             want, most = span
             if most > MAX_DURATION_S:  # the contract: metered up to the bound, no further
                 p.late += 1

@@ -42,6 +42,7 @@ from typing import Any, cast
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kestrel import cluster as kc
+from kestrel import kubework as kw
 
 WAIT_S = 300.0
 
@@ -86,14 +87,14 @@ def cpu_pool_check(api: Any) -> tuple[int, bool]:
     if not ready:
         return 0, False
     ns = f"check-cpu-{uuid.uuid4().hex[:6]}"
-    kc.create_tenant_queue(api, kc.tenant_queue_manifests(
+    kw.create_tenant_queue(api, kw.tenant_queue_manifests(
         ns, gpu_quota={}, cpu_quota={"cpu": "1", "memory": "1Gi"}))
     try:
         script = ("echo cgroup=$(grep -m1 pids /proc/self/cgroup | cut -d: -f3); "
                   "echo model_sha256=$(sha256sum /opt/kestrel/model/model.onnx | cut -d' ' -f1); "
                   "echo image=$KESTREL_MODEL_DIR; exit 0")
         t0 = time.monotonic()
-        run = kc.run_cpu_job(api, ns, "gpu", "probe", ["sh", "-c", script], timeout_s=WAIT_S)
+        run = kw.run_cpu_job(api, ns, "gpu", "probe", ["sh", "-c", script], timeout_s=WAIT_S)
         took = time.monotonic() - t0
         for line in run.log.splitlines():
             log(f"  pod {run.pod} says: {line}")
@@ -103,14 +104,14 @@ def cpu_pool_check(api: Any) -> tuple[int, bool]:
                {n.metadata.name for n in ready}
                and bool(run.pod_uid) and run.pod_uid in cgroup
                and bool(run.container_id) and run.container_id in cgroup
-               and f"model_sha256={kc.MODEL_ONNX_SHA256}" in run.log)
+               and f"model_sha256={kw.MODEL_ONNX_SHA256}" in run.log)
         log(f"  probe: admitted on flavor {run.flavor!r}, node {run.node}, exit code "
             f"{run.exit_code}, cgroup names pod {run.pod_uid in cgroup} and container "
             f"{bool(run.container_id) and run.container_id in cgroup}; {took:.1f}s "
             f"submit to end -> cpu_pod_ran={str(ran).lower()}")
         return len(ready), ran
     finally:
-        kc.delete_tenant_queue(api, ns)
+        kw.delete_tenant_queue(api, ns)
 
 
 def quota_checks(api: Any) -> tuple[bool, bool]:
@@ -118,17 +119,17 @@ def quota_checks(api: Any) -> tuple[bool, bool]:
     ns = f"check-{uuid.uuid4().hex[:6]}"
     batch = k8s().BatchV1Api(api)
     core = k8s().CoreV1Api(api)
-    kc.create_tenant_queue(api, kc.tenant_queue_manifests(ns, gpu_quota={"gpu-h100": 8}))
+    kw.create_tenant_queue(api, kw.tenant_queue_manifests(ns, gpu_quota={"gpu-h100": 8}))
     admitted_ok = held_ok = False
     try:
         first = batch.create_namespaced_job(
-            ns, cast(Any, kc.gpu_job_manifest("first", ns, "gpu", gpus=8, duration_s=15))
+            ns, cast(Any, kw.gpu_job_manifest("first", ns, "gpu", gpus=8, duration_s=15))
         )
         wl = wait_for(
             "first admitted",
             lambda: (
-                (w := kc.workloads_by_job_uid(api, ns).get(first.metadata.uid))
-                and kc.condition_true(w, "Admitted")
+                (w := kw.workloads_by_job_uid(api, ns).get(first.metadata.uid))
+                and kw.condition_true(w, "Admitted")
                 and w
             ),
         )
@@ -136,23 +137,23 @@ def quota_checks(api: Any) -> tuple[bool, bool]:
         log(f"  first: admitted by ClusterQueue {ns} on flavor {flavor}")
 
         second = batch.create_namespaced_job(
-            ns, cast(Any, kc.gpu_job_manifest("second", ns, "gpu", gpus=8, duration_s=1))
+            ns, cast(Any, kw.gpu_job_manifest("second", ns, "gpu", gpus=8, duration_s=1))
         )
         held = wait_for(
             "second evaluated",
             lambda: (
-                (w := kc.workloads_by_job_uid(api, ns).get(second.metadata.uid))
-                and kc.condition(w, "QuotaReserved") is not None
+                (w := kw.workloads_by_job_uid(api, ns).get(second.metadata.uid))
+                and kw.condition(w, "QuotaReserved") is not None
                 and w
             ),
         )
-        held_msg = (kc.condition(held, "QuotaReserved") or {}).get("message", "")
-        held_ok = not kc.condition_true(held, "QuotaReserved")
+        held_msg = (kw.condition(held, "QuotaReserved") or {}).get("message", "")
+        held_ok = not kw.condition_true(held, "QuotaReserved")
         log(f"  second: QuotaReserved={not held_ok} ({held_msg})")
         observations = 0
         while not job_state(api, ns, "first"):
-            w = kc.workloads_by_job_uid(api, ns)[second.metadata.uid]
-            if kc.condition_true(w, "QuotaReserved"):
+            w = kw.workloads_by_job_uid(api, ns)[second.metadata.uid]
+            if kw.condition_true(w, "QuotaReserved"):
                 held_ok = False
             observations += 1
             time.sleep(0.5)
@@ -175,19 +176,19 @@ def quota_checks(api: Any) -> tuple[bool, bool]:
         second_wl = wait_for(
             "second admitted after first finished",
             lambda: (
-                (w := kc.workloads_by_job_uid(api, ns).get(second.metadata.uid))
-                and kc.condition_true(w, "Admitted")
+                (w := kw.workloads_by_job_uid(api, ns).get(second.metadata.uid))
+                and kw.condition_true(w, "Admitted")
                 and w
             ),
         )
-        first_wl = kc.workloads_by_job_uid(api, ns)[first.metadata.uid]
-        fin = (kc.condition(first_wl, "Finished") or {}).get("lastTransitionTime", "")
-        res = (kc.condition(second_wl, "QuotaReserved") or {}).get("lastTransitionTime", "")
+        first_wl = kw.workloads_by_job_uid(api, ns)[first.metadata.uid]
+        fin = (kw.condition(first_wl, "Finished") or {}).get("lastTransitionTime", "")
+        res = (kw.condition(second_wl, "QuotaReserved") or {}).get("lastTransitionTime", "")
         held_ok = held_ok and bool(fin) and res >= fin  # RFC3339 UTC strings compare in order
         log(f"  second: quota reserved at {res}, first finished at {fin}")
         wait_for("second finished", lambda: job_state(api, ns, "second"))
     finally:
-        kc.delete_tenant_queue(api, ns)
+        kw.delete_tenant_queue(api, ns)
     return admitted_ok, held_ok
 
 
@@ -215,24 +216,24 @@ def watch_admissions(
     custom = k8s().CustomObjectsApi(api)
     while not stop.is_set() and len(seen) < target:
         listing = custom.list_namespaced_custom_object(
-            kc.KUEUE_GROUP, kc.KUEUE_API_VERSION, ns, "workloads"
+            kw.KUEUE_GROUP, kw.KUEUE_API_VERSION, ns, "workloads"
         )
         now = time.monotonic()
         for wl in listing["items"]:
-            if kc.condition_true(wl, "Admitted"):
+            if kw.condition_true(wl, "Admitted"):
                 seen.setdefault(wl["metadata"]["uid"], now)
         w = watch_mod.Watch()
         for event in w.stream(
             custom.list_namespaced_custom_object,
-            kc.KUEUE_GROUP,
-            kc.KUEUE_API_VERSION,
+            kw.KUEUE_GROUP,
+            kw.KUEUE_API_VERSION,
             ns,
             "workloads",
             resource_version=listing["metadata"]["resourceVersion"],
             timeout_seconds=30,
         ):
             obj = event["object"]
-            if kc.condition_true(obj, "Admitted"):
+            if kw.condition_true(obj, "Admitted"):
                 seen.setdefault(obj["metadata"]["uid"], time.monotonic())
             if stop.is_set() or len(seen) >= target:
                 w.stop()
@@ -262,7 +263,7 @@ def _approve(custom: Any, wl: dict[str, Any], check: str) -> None:
             # Refused when the list moved meanwhile: the next event or relist answers it.
             with contextlib.suppress(Exception):
                 custom.patch_namespaced_custom_object_status(
-                    kc.KUEUE_GROUP, kc.KUEUE_API_VERSION, wl["metadata"]["namespace"],
+                    kw.KUEUE_GROUP, kw.KUEUE_API_VERSION, wl["metadata"]["namespace"],
                     "workloads", wl["metadata"]["name"], ops,
                     _content_type="application/json-patch+json")
 
@@ -279,12 +280,12 @@ def noop_check_controller(api: Any, ns: str, check: str, stop: threading.Event) 
     while not stop.is_set():
         try:
             listing = custom.list_namespaced_custom_object(
-                kc.KUEUE_GROUP, kc.KUEUE_API_VERSION, ns, "workloads")
+                kw.KUEUE_GROUP, kw.KUEUE_API_VERSION, ns, "workloads")
             for wl in listing["items"]:
                 _approve(custom, wl, check)
             w = watch_mod.Watch()
-            for event in w.stream(custom.list_namespaced_custom_object, kc.KUEUE_GROUP,
-                                  kc.KUEUE_API_VERSION, ns, "workloads",
+            for event in w.stream(custom.list_namespaced_custom_object, kw.KUEUE_GROUP,
+                                  kw.KUEUE_API_VERSION, ns, "workloads",
                                   resource_version=listing["metadata"]["resourceVersion"],
                                   timeout_seconds=5):  # then relist: nothing is missed
                 if event["type"] in ("ADDED", "MODIFIED"):
@@ -300,18 +301,18 @@ def _ensure_noop_check(api: Any) -> None:
     from kubernetes.client.exceptions import ApiException
 
     custom = k8s().CustomObjectsApi(api)
-    body = {"apiVersion": f"{kc.KUEUE_GROUP}/{kc.KUEUE_API_VERSION}", "kind": "AdmissionCheck",
+    body = {"apiVersion": f"{kw.KUEUE_GROUP}/{kw.KUEUE_API_VERSION}", "kind": "AdmissionCheck",
             "metadata": {"name": NOOP_CHECK},
             "spec": {"controllerName": "kestrel.dev/bench-noop"}}
     try:
-        custom.create_cluster_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+        custom.create_cluster_custom_object(kw.KUEUE_GROUP, kw.KUEUE_API_VERSION,
                                             "admissionchecks", body)
     except ApiException as exc:
         if exc.status != 409:
             raise
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     custom.patch_cluster_custom_object_status(
-        kc.KUEUE_GROUP, kc.KUEUE_API_VERSION, "admissionchecks", NOOP_CHECK,
+        kw.KUEUE_GROUP, kw.KUEUE_API_VERSION, "admissionchecks", NOOP_CHECK,
         {"status": {"conditions": [{"type": "Active", "status": "True", "reason": "Active",
                                     "message": "bench no-op controller",
                                     "lastTransitionTime": stamp}]}})
@@ -325,7 +326,7 @@ def bench(api: Any, jobs: int, duration_s: int, workers: int, gpus_total: int,
     ``on_admitted`` is called once the last is admitted, before the clean-up."""
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     flavors = {"gpu-h100": gpus_total // 2, "gpu-a10": gpus_total - gpus_total // 2}
-    manifests = kc.tenant_queue_manifests(ns, gpu_quota=flavors)
+    manifests = kw.tenant_queue_manifests(ns, gpu_quota=flavors)
     stop = threading.Event()
     if noop_check:
         _ensure_noop_check(api)
@@ -333,7 +334,7 @@ def bench(api: Any, jobs: int, duration_s: int, workers: int, gpus_total: int,
             "admissionChecks": [{"name": NOOP_CHECK}]}
         threading.Thread(target=noop_check_controller, args=(kc.api_client(), ns, NOOP_CHECK,
                                                              stop), daemon=True).start()
-    kc.create_tenant_queue(api, manifests)
+    kw.create_tenant_queue(api, manifests)
     seen: dict[str, float] = {}
     watcher = threading.Thread(
         target=watch_admissions, args=(kc.api_client(), ns, seen, jobs, stop), daemon=True
@@ -342,7 +343,7 @@ def bench(api: Any, jobs: int, duration_s: int, workers: int, gpus_total: int,
     clients = [kc.api_client() for _ in range(workers)]
 
     def create(i: int) -> None:
-        body = kc.gpu_job_manifest(f"j{i:05d}", ns, "gpu", gpus=1, duration_s=duration_s)
+        body = kw.gpu_job_manifest(f"j{i:05d}", ns, "gpu", gpus=1, duration_s=duration_s)
         k8s().BatchV1Api(clients[i % workers]).create_namespaced_job(ns, cast(Any, body))
 
     try:
@@ -377,11 +378,11 @@ def bench(api: Any, jobs: int, duration_s: int, workers: int, gpus_total: int,
     finally:
         stop.set()
         log(f"  cleaning up {ns} (jobs, pods, workloads) ...")
-        kc.delete_tenant_queue(api, ns, timeout_s=600)
+        kw.delete_tenant_queue(api, ns, timeout_s=600)
         if noop_check:
             with contextlib.suppress(Exception):
                 k8s().CustomObjectsApi(api).delete_cluster_custom_object(
-                    kc.KUEUE_GROUP, kc.KUEUE_API_VERSION, "admissionchecks", NOOP_CHECK)
+                    kw.KUEUE_GROUP, kw.KUEUE_API_VERSION, "admissionchecks", NOOP_CHECK)
     return result
 
 

@@ -39,7 +39,7 @@ from rich.table import Table
 from bench import account
 from bench.cluster_check import bench as kueue_direct
 from bench.cluster_check import steady_rate
-from kestrel import cluster
+from kestrel import cluster, kubework
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
 from kestrel.sdk import AsyncClient, JobState
@@ -58,7 +58,7 @@ def watch_admitted(ns: str, seen: dict[str, float], stop: threading.Event) -> No
     w_mod: Any = watch
 
     def note(obj: dict[str, Any]) -> None:
-        if cluster.condition_true(obj, "Admitted"):
+        if kubework.condition_true(obj, "Admitted"):
             owner = next((o["name"] for o in obj["metadata"].get("ownerReferences", [])), None)
             if owner:
                 seen.setdefault(owner, time.monotonic())
@@ -66,12 +66,12 @@ def watch_admitted(ns: str, seen: dict[str, float], stop: threading.Event) -> No
     while not stop.is_set():
         try:
             listing = custom.list_namespaced_custom_object(
-                cluster.KUEUE_GROUP, cluster.KUEUE_API_VERSION, ns, "workloads")
+                kubework.KUEUE_GROUP, kubework.KUEUE_API_VERSION, ns, "workloads")
             for obj in listing["items"]:
                 note(obj)
             w = w_mod.Watch()
-            for event in w.stream(custom.list_namespaced_custom_object, cluster.KUEUE_GROUP,
-                                  cluster.KUEUE_API_VERSION, ns, "workloads",
+            for event in w.stream(custom.list_namespaced_custom_object, kubework.KUEUE_GROUP,
+                                  kubework.KUEUE_API_VERSION, ns, "workloads",
                                   resource_version=listing["metadata"]["resourceVersion"],
                                   timeout_seconds=30):
                 note(event["object"])
@@ -273,7 +273,7 @@ async def run(m: int, workers: int, keep: bool) -> int:
             "SELECT workload_id, sum(gpu_us) g FROM ledger WHERE tenant = 'bench' "
             "GROUP BY workload_id")}
         await db.close()
-        k8s = await asyncio.to_thread(cluster.gpu_seconds_by_job, ["kestrel-bench"])
+        k8s = await asyncio.to_thread(kubework.gpu_seconds_by_job, ["kestrel-bench"])
         # The contract: metered from Kueue's Admitted to Finished, never past the bound
         # (1 GPU x max_duration 30 s). Kubernetes stopping a job late is reported, not billed.
         exact = len(k8s) >= m and all(

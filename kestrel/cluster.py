@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import fcntl
 import functools
 import http.client
@@ -47,12 +46,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from kestrel.workloads import CPU_FLAVOR as CPU_FLAVOR  # re-exported: kc.CPU_FLAVOR
-from kestrel.workloads import POOL_LABEL, SIMULATED_LABEL
+from kestrel.workloads import POOL_LABEL, SIMULATED_LABEL, condition_true
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -205,7 +203,7 @@ def cluster_info(versions: dict[str, str] | None = None) -> ClusterInfo:
 # --------------------------------------------------------------------------- helpers
 
 
-def _wait_until(
+def wait_until(
     what: str,
     check: Callable[[], bool],
     timeout_s: float,
@@ -789,12 +787,12 @@ def _stop_pid(pid: int, what: str, progress: Progress, grace_s: float = 15) -> N
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     with contextlib.suppress(ClusterError):
-        _wait_until(f"{what} to exit", functools.partial(_pid_dead, pid), grace_s)
+        wait_until(f"{what} to exit", functools.partial(_pid_dead, pid), grace_s)
     if _pid_alive(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ClusterError):
-            _wait_until(f"{what} to be killed", functools.partial(_pid_dead, pid), 10)
+            wait_until(f"{what} to be killed", functools.partial(_pid_dead, pid), 10)
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
     progress(f"  {what} (pid {pid}) stopped")
@@ -869,7 +867,7 @@ def _start_cpu_node(progress: Progress, timeout_s: float) -> None:
             pid = _start_daemon("containerd",
                                 ["containerd", "--config", str(NODE.containerd_config)])
             progress(f"  containerd started (pid {pid}), socket {NODE.socket}")
-        _wait_until("containerd", _containerd_ready, 60, progress)
+        wait_until("containerd", _containerd_ready, 60, progress)
         if containerd_pid() is not None:
             break
         progress(f"  containerd exited during start (try {attempt} of 3)")
@@ -915,7 +913,7 @@ def _start_cpu_node(progress: Progress, timeout_s: float) -> None:
             kubectl("uncordon", NODE_NAME, check=False, timeout=20)  # cordoned by a stop
         return kubelet_pid() is None or cpu_node_ready()
 
-    _wait_until(f"node {NODE_NAME} Ready", ready_or_dead, timeout_s, progress)
+    wait_until(f"node {NODE_NAME} Ready", ready_or_dead, timeout_s, progress)
     if kubelet_pid() is None:
         raise ClusterError(f"kubelet exited; see {NODE.log('kubelet')}:\n"
                            f"{_tail(NODE.log('kubelet'))}")
@@ -973,7 +971,7 @@ def _stop_cpu_node(progress: Progress) -> None:
                 return "RUNNING" not in _ctr("tasks", "ls", check=False, timeout=10).stdout
 
             with contextlib.suppress(ClusterError):
-                _wait_until("the node's pods to stop", no_running_tasks, 30, progress)
+                wait_until("the node's pods to stop", no_running_tasks, 30, progress)
     if kpid is not None:
         _stop_pid(kpid, "kubelet", progress)
     if containerd_pid() is not None:
@@ -1171,10 +1169,10 @@ def _stop_kueue(progress: Progress) -> None:
         return
     os.kill(pid, signal.SIGTERM)
     with contextlib.suppress(ClusterError):
-        _wait_until("kueue to exit", lambda: not _pid_alive(pid), 20)
+        wait_until("kueue to exit", lambda: not _pid_alive(pid), 20)
     if _pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
-        _wait_until("kueue to be killed", lambda: not _pid_alive(pid), 10)
+        wait_until("kueue to be killed", lambda: not _pid_alive(pid), 10)
     # reap it if it was our child (same Python process started it)
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
@@ -1192,7 +1190,7 @@ def _start_control_plane(progress: Progress, timeout_s: float) -> None:
         if control_plane_alive() and apiserver_ready():
             return
         if _restart_dead_components(progress):
-            _wait_until("kube-apiserver /readyz", apiserver_ready, timeout_s, progress)
+            wait_until("kube-apiserver /readyz", apiserver_ready, timeout_s, progress)
             return
         # kwokctl start launches only components whose pid is not running; a component
         # still shutting down is skipped, so retry until every one is running.
@@ -1204,7 +1202,7 @@ def _start_control_plane(progress: Progress, timeout_s: float) -> None:
                 timeout=timeout_s,
             )
             with contextlib.suppress(ClusterError):
-                _wait_until("control plane processes", control_plane_alive, 5)
+                wait_until("control plane processes", control_plane_alive, 5)
             if control_plane_alive():
                 break
         else:
@@ -1236,7 +1234,7 @@ def _start_control_plane(progress: Progress, timeout_s: float) -> None:
                 f"kwokctl create cluster failed ({proc.returncode}); see "
                 f"{PATHS.logs / 'kwokctl-create.log'}:\n{proc.stderr[-3000:]}"
             )
-    _wait_until("kube-apiserver /readyz", apiserver_ready, timeout_s, progress)
+    wait_until("kube-apiserver /readyz", apiserver_ready, timeout_s, progress)
 
 
 def _component_specs() -> dict[str, dict[str, Any]]:
@@ -1270,7 +1268,7 @@ def _restart_dead_components(progress: Progress) -> bool:
         (PATHS.kwok_cluster / "pids" / f"{name}.pid").write_text(str(proc.pid))
         progress(f"  {name} was dead: restarted as pid {proc.pid} from kwok.yaml")
     with contextlib.suppress(ClusterError):
-        _wait_until("restarted control plane processes", control_plane_alive, 10)
+        wait_until("restarted control plane processes", control_plane_alive, 10)
     return control_plane_alive()
 
 
@@ -1347,8 +1345,8 @@ def start_apiserver_replica(progress: Progress = print, timeout_s: float = 60) -
                 f.seek(start)
                 return b"Serving securely on" in f.read()
 
-        _wait_until("the kube-apiserver replica to serve", serving, timeout_s, progress)
-        _wait_until("both kube-apiservers /readyz", _every_apiserver_ready, timeout_s, progress)
+        wait_until("the kube-apiserver replica to serve", serving, timeout_s, progress)
+        wait_until("both kube-apiservers /readyz", _every_apiserver_ready, timeout_s, progress)
         progress(f"  kube-apiserver replica: pid {proc.pid}, sharing "
                  f"127.0.0.1:{APISERVER_PORT}")
         return proc.pid
@@ -1463,14 +1461,14 @@ def up(progress: Progress = print, timeout_s: float = DEFAULT_TIMEOUT_S) -> Clus
         _start_control_plane(progress, timeout_s)
         _apply_kueue_crds(progress)
         _start_kueue(progress)
-        _wait_until("Kueue manager /readyz", _kueue_ready_or_dead, timeout_s, progress)
+        wait_until("Kueue manager /readyz", _kueue_ready_or_dead, timeout_s, progress)
         if kueue_pid() is None:
             raise ClusterError(
                 f"Kueue manager exited; see {PATHS.kueue_log}:\n{_tail(PATHS.kueue_log)}"
             )
         _objects_applied()
-        _wait_until("KWOK GPU nodes Ready", _gpu_nodes_ready, timeout_s, progress)
-        _wait_until(
+        wait_until("KWOK GPU nodes Ready", _gpu_nodes_ready, timeout_s, progress)
+        wait_until(
             f"ClusterQueue {EXAMPLE_CLUSTER_QUEUE} Active",
             _cluster_queue_active,
             timeout_s,
@@ -1531,7 +1529,7 @@ def _down_locked(progress: Progress) -> None:
             continue
         os.kill(pid, signal.SIGTERM)
         with contextlib.suppress(ClusterError):
-            _wait_until(f"{comp.component} to exit", functools.partial(_pid_dead, pid), 15)
+            wait_until(f"{comp.component} to exit", functools.partial(_pid_dead, pid), 15)
         if _pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
         progress(f"  stopped leftover {comp.component} (pid {pid})")
@@ -1567,352 +1565,6 @@ def api_client() -> ApiClient:
     # kubernetes ships no type hints for this; pin the return type here.
     new_client = cast(Callable[..., "ApiClient"], k8s_config.new_client_from_config)
     return new_client(config_file=str(PATHS.kubeconfig))
-
-
-# --------------------------------------------------------------------------- workloads
-# Helpers shared by the e2e tests, bench/cluster_check.py and later services: build the
-# objects a tenant submits to Kueue and read Kueue's verdict back. They take a
-# kubernetes ApiClient (from api_client()) and import kubernetes lazily.
-
-QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
-KWOK_DURATION_ANNOTATION = "pod-complete.stage.kwok.x-k8s.io/delay"
-KUEUE_GROUP = "kueue.x-k8s.io"
-KUEUE_API_VERSION = "v1beta2"
-
-
-def gpu_job_manifest(
-    name: str,
-    namespace: str,
-    queue: str,
-    *,
-    gpus: int = 1,
-    duration_s: int = 5,
-    parallelism: int = 1,
-    tolerate_all: bool = False,
-    labels: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """A batch/v1 Job for Kueue: created suspended with the queue-name label; each pod
-    asks for ``gpus`` nvidia.com/gpu and (on a KWOK node) runs ``duration_s`` seconds."""
-    resources = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": str(gpus)}
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "containers": [
-            {
-                "name": "work",
-                "image": "kestrel.dev/simulated-gpu-work:none",  # never pulled: KWOK pod
-                "resources": {"requests": resources, "limits": {"nvidia.com/gpu": str(gpus)}},
-            }
-        ],
-    }
-    if tolerate_all:
-        pod_spec["tolerations"] = [{"operator": "Exists"}]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {QUEUE_NAME_LABEL: queue, **(labels or {})},
-        },
-        "spec": {
-            "suspend": True,
-            "parallelism": parallelism,
-            "completions": parallelism,
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"annotations": {KWOK_DURATION_ANNOTATION: f"{duration_s}s"}},
-                "spec": pod_spec,
-            },
-        },
-    }
-
-
-def cpu_job_manifest(
-    name: str,
-    namespace: str,
-    queue: str,
-    command: Sequence[str],
-    *,
-    image: str | None = None,
-    cpu: str = "100m",
-    memory: str = "128Mi",
-    labels: dict[str, str] | None = None,
-    active_deadline_s: int = 300,
-) -> dict[str, Any]:
-    """A batch/v1 Job for Kueue that runs ``command`` for real on the CPU pool (the real
-    kubelet node), in the Kestrel image (default: the one the running node imported).
-    It selects the ``cpu`` flavor's node label so Kueue never places it on a GPU flavor."""
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "nodeSelector": {"kestrel.dev/flavor": CPU_FLAVOR},
-        "terminationGracePeriodSeconds": 5,
-        "containers": [
-            {
-                "name": "work",
-                "image": image or kestrel_image(),
-                "imagePullPolicy": "Never",  # imported into containerd, never pulled
-                "command": list(command),
-                "resources": {"requests": {"cpu": cpu, "memory": memory},
-                              "limits": {"cpu": cpu, "memory": memory}},
-            }
-        ],
-    }
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {QUEUE_NAME_LABEL: queue, **(labels or {})},
-        },
-        "spec": {
-            "suspend": True,
-            "parallelism": 1,
-            "completions": 1,
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": active_deadline_s,
-            "template": {"spec": pod_spec},
-        },
-    }
-
-
-MODEL_ONNX_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
-
-
-@dataclasses.dataclass(frozen=True)
-class CpuJobRun:
-    """What a Job on the real CPU node did, as Kubernetes and its kubelet report it."""
-
-    job: str
-    admitted: bool  # Kueue admitted its Workload (on flavor ``flavor``)
-    flavor: str
-    pod: str
-    pod_uid: str
-    node: str
-    container_id: str  # without the runtime prefix
-    exit_code: int | None
-    log: str
-    started_at: datetime.datetime | None  # the container's own start and finish
-    finished_at: datetime.datetime | None
-
-    @property
-    def run_s(self) -> float | None:
-        if self.started_at is None or self.finished_at is None:
-            return None
-        return (self.finished_at - self.started_at).total_seconds()
-
-
-def run_cpu_job(
-    client: ApiClient,
-    namespace: str,
-    queue: str,
-    name: str,
-    command: Sequence[str],
-    timeout_s: float = 180,
-    **manifest_kw: Any,
-) -> CpuJobRun:
-    """Submit :func:`cpu_job_manifest` through Kueue, wait for its pod to end, and read
-    back its exit code and log. The Job is left in place (its namespace owns it)."""
-    from kubernetes import client as k8s
-
-    batch: Any = k8s.BatchV1Api(client)
-    core: Any = k8s.CoreV1Api(client)
-    body: Any = cpu_job_manifest(name, namespace, queue, command, **manifest_kw)
-    job = batch.create_namespaced_job(namespace, body)
-    uid = job.metadata.uid
-    pods: list[Any] = []
-
-    def ended() -> bool:
-        nonlocal pods
-        pods = core.list_namespaced_pod(namespace, label_selector=f"job-name={name}").items
-        return any(p.status.phase in ("Succeeded", "Failed") for p in pods)
-
-    with contextlib.suppress(ClusterError):  # what happened is read back below
-        _wait_until(f"Job {namespace}/{name} to run on {NODE_NAME}", ended, timeout_s)
-    wl = workloads_by_job_uid(client, namespace).get(uid) or {}
-    admission = (wl.get("status") or {}).get("admission") or {}
-    assignments = admission.get("podSetAssignments") or [{}]
-    flavor = next(iter((assignments[0].get("flavors") or {}).values()), "")
-    pod = next((p for p in pods if p.status.phase in ("Succeeded", "Failed")),
-               pods[0] if pods else None)  # fmt: skip
-    if pod is None:
-        return CpuJobRun(name, condition_true(wl, "Admitted") or condition_true(wl, "Finished"),
-                         flavor, "", "", "", "", None, "", None, None)  # fmt: skip
-    state = None
-    for cs in pod.status.container_statuses or []:
-        state = cs.state.terminated if cs.state else None
-    log = ""
-    with contextlib.suppress(Exception):
-        log = core.read_namespaced_pod_log(pod.metadata.name, namespace)
-    return CpuJobRun(
-        job=name,
-        admitted=bool(admission),
-        flavor=flavor,
-        pod=pod.metadata.name,
-        pod_uid=pod.metadata.uid,
-        node=pod.spec.node_name or "",
-        container_id=(state.container_id or "").split("://")[-1] if state else "",
-        exit_code=state.exit_code if state else None,
-        log=log,
-        started_at=state.started_at if state else None,
-        finished_at=state.finished_at if state else None,
-    )
-
-
-def tenant_queue_manifests(
-    name: str,
-    *,
-    gpu_quota: dict[str, int],
-    cohort: str | None = None,
-    cpu_per_gpu: int = 4,
-    memory_gib_per_gpu: int = 32,
-    local_queue: str = "gpu",
-    cpu_quota: dict[str, str] | None = None,
-) -> list[dict[str, Any]]:
-    """Namespace ``name`` + ClusterQueue ``name`` (quota per GPU flavor, in flavor order,
-    then the ``cpu`` flavor of the real node when ``cpu_quota`` gives its cpu and memory)
-    + LocalQueue ``local_queue`` in that namespace."""
-    flavors = [
-        {
-            "name": flavor,
-            "resources": [
-                {"name": "cpu", "nominalQuota": str(gpus * cpu_per_gpu)},
-                {"name": "memory", "nominalQuota": f"{gpus * memory_gib_per_gpu}Gi"},
-                {"name": "nvidia.com/gpu", "nominalQuota": str(gpus)},
-            ],
-        }
-        for flavor, gpus in gpu_quota.items()
-    ]
-    if cpu_quota is not None:
-        flavors.append(
-            {
-                "name": CPU_FLAVOR,
-                "resources": [
-                    {"name": "cpu", "nominalQuota": cpu_quota.get("cpu", "2")},
-                    {"name": "memory", "nominalQuota": cpu_quota.get("memory", "4Gi")},
-                    {"name": "nvidia.com/gpu", "nominalQuota": "0"},
-                ],
-            }
-        )
-    cq_spec: dict[str, Any] = {
-        "namespaceSelector": {"matchLabels": {"kestrel.dev/tenant": name}},
-        "queueingStrategy": "BestEffortFIFO",
-        "resourceGroups": [
-            {"coveredResources": ["cpu", "memory", "nvidia.com/gpu"], "flavors": flavors}
-        ],
-    }
-    if cohort:
-        cq_spec["cohortName"] = cohort
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {"name": name, "labels": {"kestrel.dev/tenant": name}},
-        },
-        {
-            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_API_VERSION}",
-            "kind": "ClusterQueue",
-            "metadata": {"name": name},
-            "spec": cq_spec,
-        },
-        {
-            "apiVersion": f"{KUEUE_GROUP}/{KUEUE_API_VERSION}",
-            "kind": "LocalQueue",
-            "metadata": {"name": local_queue, "namespace": name},
-            "spec": {"clusterQueue": name},
-        },
-    ]
-
-
-def create_tenant_queue(client: ApiClient, manifests: list[dict[str, Any]]) -> None:
-    """Create the objects from :func:`tenant_queue_manifests` and wait for the CQ Active."""
-    from kubernetes import client as k8s
-
-    core = k8s.CoreV1Api(client)
-    custom = k8s.CustomObjectsApi(client)
-    ns, cq, lq = manifests
-    ns_body: Any = ns  # the client accepts plain dicts for bodies
-    core.create_namespace(ns_body)
-    custom.create_cluster_custom_object(KUEUE_GROUP, KUEUE_API_VERSION, "clusterqueues", cq)
-    custom.create_namespaced_custom_object(
-        KUEUE_GROUP, KUEUE_API_VERSION, lq["metadata"]["namespace"], "localqueues", lq
-    )
-    name = cq["metadata"]["name"]
-
-    def active() -> bool:
-        obj = custom.get_cluster_custom_object(
-            KUEUE_GROUP, KUEUE_API_VERSION, "clusterqueues", name
-        )
-        return condition_true(cast(dict[str, Any], obj), "Active")
-
-    _wait_until(f"ClusterQueue {name} Active", active, 60)
-
-
-def delete_tenant_queue(client: ApiClient, name: str, timeout_s: float = 180) -> None:
-    """Delete namespace ``name`` (its Jobs, pods, Workloads, LocalQueue) and the CQ."""
-    delete_tenant_queues(client, [name], timeout_s)
-
-
-def delete_tenant_queues(client: ApiClient, names: Sequence[str],
-                         timeout_s: float = 180) -> None:
-    """Delete namespaces ``names`` and their CQs: every deletion first, then one wait
-    (the namespace controller empties them side by side: about 7 s each here when done
-    one after another)."""
-    from kubernetes import client as k8s
-    from kubernetes.client.exceptions import ApiException
-
-    core = k8s.CoreV1Api(client)
-    custom = k8s.CustomObjectsApi(client)
-    for name in names:
-        with contextlib.suppress(ApiException):
-            core.delete_namespace(name, propagation_policy="Background")
-
-    def gone(name: str) -> bool:
-        try:
-            core.read_namespace(name)
-        except ApiException as exc:
-            return bool(exc.status == 404)
-        return False
-
-    for name in names:
-        _wait_until(f"namespace {name} deleted", functools.partial(gone, name), timeout_s)
-        with contextlib.suppress(ApiException):
-            custom.delete_cluster_custom_object(KUEUE_GROUP, KUEUE_API_VERSION,
-                                                "clusterqueues", name)
-
-
-def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any] | None:
-    for cond in obj.get("status", {}).get("conditions", []) or []:
-        if cond.get("type") == ctype:
-            return dict(cond)
-    return None
-
-
-def condition_true(obj: dict[str, Any], ctype: str) -> bool:
-    cond = condition(obj, ctype)
-    return cond is not None and cond.get("status") == "True"
-
-
-def workloads_by_job_uid(client: ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
-    """Kueue Workloads in ``namespace`` keyed by the uid of the Job that owns them."""
-    from kubernetes import client as k8s
-
-    custom = k8s.CustomObjectsApi(client)
-    listing = cast(
-        dict[str, Any],
-        custom.list_namespaced_custom_object(
-            KUEUE_GROUP, KUEUE_API_VERSION, namespace, "workloads"
-        ),
-    )
-    items: list[dict[str, Any]] = listing["items"]
-    out: dict[str, dict[str, Any]] = {}
-    for wl in items:
-        for ref in wl["metadata"].get("ownerReferences", []) or []:
-            if ref.get("kind") == "Job":
-                out[ref["uid"]] = wl
-    return out
 
 
 # --------------------------------------------------------------------------- status
@@ -2017,57 +1669,3 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(_main())
-
-
-def k8s_time_s(text: str) -> int:
-    """A Kubernetes timestamp (RFC 3339, whole seconds) as seconds since the epoch."""
-    return int(datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
-
-
-def gpu_seconds_by_job(namespaces: Sequence[str]) -> dict[str, Decimal]:
-    """gpus x (end - start) per Job, from its Workload's own condition timestamps:
-    Kueue's Admitted to Finished. What the ledger must equal for finished jobs (an
-    evicted Workload's Admitted condition turns False at the eviction, so its start
-    must be read while it runs)."""
-    return {job: low for job, (low, _) in gpu_seconds_range_by_job(namespaces).items()}
-
-
-def gpu_seconds_range_by_job(namespaces: Sequence[str]) -> dict[str, tuple[Decimal, Decimal]]:
-    """Per Job, (gpus x (Finished - Admitted), gpus x (Finished - the earlier of Admitted
-    and the Job's own start)): the same figure twice but for one case. A Job that
-    Kubernetes says started (status.startTime, set when Kueue unsuspends it, after
-    admission) before its Workload's Admitted time was admitted earlier than that
-    condition now says: Kueue rewrites lastTransitionTime when it retries an admission
-    whose first write landed but whose answer was lost (an apiserver killed mid-request,
-    bench/chaos.py). A placer that saw the first write metered from it, one that saw only
-    the retry from the second; both are Kubernetes' own record."""
-    from kubernetes import client as k8s
-
-    api = api_client()
-    custom: Any = k8s.CustomObjectsApi(api)
-    batch: Any = k8s.BatchV1Api(api)
-    out: dict[str, tuple[Decimal, Decimal]] = {}
-    for ns in namespaces:
-        items = custom.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_API_VERSION, ns,
-                                                     "workloads")["items"]
-        started = {j.metadata.name: j.status.start_time
-                   for j in batch.list_namespaced_job(ns).items if j.status and j.metadata}
-        for w in items:
-            start = condition(w, "Admitted")
-            end = condition(w, "Finished")
-            if not start or start.get("status") != "True" or not end:
-                continue
-            gpus = sum(int(ps.get("count", 1))
-                       * int(c.get("resources", {}).get("requests", {}).get("nvidia.com/gpu", 0))
-                       for ps in w["spec"]["podSets"]
-                       for c in ps["template"]["spec"]["containers"])
-            owner = next((o["name"] for o in w["metadata"].get("ownerReferences", [])
-                          if o.get("kind") == "Job"), None)
-            if owner is not None:
-                admitted = k8s_time_s(start["lastTransitionTime"])
-                job_start = started.get(owner)
-                earliest = min(admitted, int(job_start.timestamp())) if job_start else admitted
-                finished = k8s_time_s(end["lastTransitionTime"])
-                out[owner] = (Decimal(gpus * (finished - admitted)),
-                              Decimal(gpus * (finished - earliest)))
-    return out

@@ -43,7 +43,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from kestrel import cluster, prometheus
+from kestrel import cluster, kubework, prometheus
 from kestrel.cli import render
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
@@ -311,7 +311,7 @@ async def summary(stack: Stack, demo: Demo) -> bool:
         "SELECT tenant, to_state, count(DISTINCT job_id) n FROM job_transitions "
         "GROUP BY tenant, to_state")}
     await db.close()
-    k8s = await asyncio.to_thread(cluster.gpu_seconds_by_job,
+    k8s = await asyncio.to_thread(kubework.gpu_seconds_by_job,
                                   [f"kestrel-{t}" for t in sorted(TENANTS)])
     t = Table(title="summary per tenant: the ledger vs Kubernetes")
     for col in ("tenant", "admitted", "held", "rejected", "GPU-s (ledger)", "GPU-s (k8s)",

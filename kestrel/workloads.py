@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import re
+from typing import Any
 
 # On every Job the placer creates and its pod template (so Kueue's Workload carries
 # them in spec.podSets[].template): which Kestrel job and tenant it belongs to.
@@ -16,6 +17,9 @@ TENANT_LABEL = "kestrel.dev/tenant"
 # before a trailing newline ("w\n" passed, then failed as a NATS subject: INTERNAL;
 # found by the issue-17 fuzzer).
 TENANT_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+# What puts a Job in a Kueue LocalQueue, and how long KWOK plays a simulated pod.
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+KWOK_DURATION_ANNOTATION = "pod-complete.stage.kwok.x-k8s.io/delay"
 # On every node: its pool ("gpu", "cpu", "cpu-sim") and whether it is a KWOK fake.
 POOL_LABEL = "kestrel.dev/pool"
 SIMULATED_LABEL = "kestrel.dev/simulated"
@@ -82,3 +86,16 @@ class AllocStatus(enum.IntEnum):
     CLOSED = 2
     # A close arrived before the admission: end known, start not yet.
     PENDING = 3
+
+
+# Conditions of a Kubernetes object as a dict (a Workload, a Node, a ClusterQueue).
+def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    for cond in obj.get("status", {}).get("conditions", []) or []:
+        if cond.get("type") == ctype:
+            return dict(cond)
+    return None
+
+
+def condition_true(obj: dict[str, Any], ctype: str) -> bool:
+    cond = condition(obj, ctype)
+    return cond is not None and cond.get("status") == "True"

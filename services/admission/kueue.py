@@ -25,8 +25,8 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
-from kestrel.cluster import KUEUE_API_VERSION, KUEUE_GROUP
 from kestrel.kubeclient import new_api_client
+from kestrel.kubework import KUEUE_API_VERSION, KUEUE_GROUP
 from kestrel.workloads import EVICTION_REASON_ANNOTATION, TENANT_LABEL, budget_spent_reason
 from services.admission.core import Admission
 from services.admission.runway_check import (

@@ -6,7 +6,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kestrel.workloads import CPU_FLAVOR, CPU_POOL_CORES, ENDPOINT_LABEL
+from kestrel.workloads import (
+    CPU_FLAVOR,
+    CPU_POOL_CORES,
+    ENDPOINT_LABEL,
+    KWOK_DURATION_ANNOTATION,
+    QUEUE_NAME_LABEL,
+)
 from services.placer.lifecycle import (
     FLAVOR_ANNOTATION,
     FLAVOR_NODE_LABEL,
@@ -18,8 +24,6 @@ from services.placer.lifecycle import (
 )
 
 KUEUE = "kueue.x-k8s.io/v1beta2"
-QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
-KWOK_DURATION_ANNOTATION = "pod-complete.stage.kwok.x-k8s.io/delay"
 LOCAL_QUEUE = "gpu"
 COHORT = "kestrel-gpu"
 RUNWAY_CONTROLLER = "kestrel.dev/runway"

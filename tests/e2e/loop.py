@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from kestrel import cluster as kc
+from kestrel import kubework as kw
 from kestrel.devstack import port_map
 from kestrel.procs import ServiceProcess
 from kestrel.sdk import AsyncClient, Job, JobState
@@ -124,7 +125,7 @@ def workload(tenant: str, job_id: str) -> dict[str, Any] | None:
     from kubernetes import client as k8s
 
     custom: Any = k8s.CustomObjectsApi(kc.api_client())
-    for w in custom.list_namespaced_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+    for w in custom.list_namespaced_custom_object(kw.KUEUE_GROUP, kw.KUEUE_API_VERSION,
                                                   f"kestrel-{tenant}", "workloads")["items"]:
         if any(o.get("name") == job_id for o in w["metadata"].get("ownerReferences", [])):
             return dict(w)

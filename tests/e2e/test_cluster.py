@@ -18,6 +18,7 @@ from typing import Any, cast
 import pytest
 
 from kestrel import cluster as kc
+from kestrel import kubework as kw
 
 pytestmark = pytest.mark.e2e
 
@@ -29,9 +30,9 @@ def tenant(api: Any) -> Iterator[str]:
     """A tenant namespace + ClusterQueue with exactly 8 H100 GPUs of quota, no cohort
     (so nothing can be borrowed) and LocalQueue ``gpu``."""
     name = f"e2e-{uuid.uuid4().hex[:6]}"
-    kc.create_tenant_queue(api, kc.tenant_queue_manifests(name, gpu_quota={"gpu-h100": 8}))
+    kw.create_tenant_queue(api, kw.tenant_queue_manifests(name, gpu_quota={"gpu-h100": 8}))
     yield name
-    kc.delete_tenant_queue(api, name)
+    kw.delete_tenant_queue(api, name)
 
 
 def _k8s() -> Any:
@@ -60,13 +61,13 @@ def ts(value: str | datetime) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def submit(api: Any, namespace: str, name: str, **kw: Any) -> Any:
-    body = kc.gpu_job_manifest(name, namespace, "gpu", **kw)
+def submit(api: Any, namespace: str, name: str, **options: Any) -> Any:
+    body = kw.gpu_job_manifest(name, namespace, "gpu", **options)
     return _k8s().BatchV1Api(api).create_namespaced_job(namespace, cast(Any, body))
 
 
 def workload(api: Any, namespace: str, job_uid: str) -> dict[str, Any] | None:
-    return kc.workloads_by_job_uid(api, namespace).get(job_uid)
+    return kw.workloads_by_job_uid(api, namespace).get(job_uid)
 
 
 def job_pods(api: Any, namespace: str, job_name: str) -> list[Any]:
@@ -95,9 +96,9 @@ def test_apiserver_answers_with_pinned_version(cluster_up: kc.ClusterInfo, api: 
     assert cluster_up.kubernetes_version == pinned
     # Kueue's API is served by this apiserver at the version we use (v1beta2).
     groups = _k8s().ApisApi(api).get_api_versions()
-    kueue = [g for g in groups.groups if g.name == kc.KUEUE_GROUP]
+    kueue = [g for g in groups.groups if g.name == kw.KUEUE_GROUP]
     assert kueue, "kueue.x-k8s.io is not served"
-    assert kc.KUEUE_API_VERSION in [v.version for v in kueue[0].versions]
+    assert kw.KUEUE_API_VERSION in [v.version for v in kueue[0].versions]
 
 
 def test_gpu_pool_is_two_flavors_of_kwok_nodes(api: Any) -> None:
@@ -121,7 +122,7 @@ def test_gpu_job_admitted_placed_runs_for_duration_and_succeeds(api: Any, tenant
         "workload admitted",
         lambda: (
             (w := workload(api, tenant, job.metadata.uid))
-            and kc.condition_true(w, "Admitted")
+            and kw.condition_true(w, "Admitted")
             and w
         ),
     )
@@ -149,11 +150,11 @@ def test_gpu_job_admitted_placed_runs_for_duration_and_succeeds(api: Any, tenant
         "workload finished",
         lambda: (
             (w := workload(api, tenant, job.metadata.uid))
-            and kc.condition_true(w, "Finished")
+            and kw.condition_true(w, "Finished")
             and w
         ),
     )
-    assert kc.condition_true(done, "Admitted") or kc.condition(done, "Admitted") is not None
+    assert kw.condition_true(done, "Admitted") or kw.condition(done, "Admitted") is not None
 
 
 def test_job_over_quota_is_held_until_first_finishes(api: Any, tenant: str) -> None:
@@ -162,7 +163,7 @@ def test_job_over_quota_is_held_until_first_finishes(api: Any, tenant: str) -> N
     wait_for(
         "first admitted",
         lambda: (
-            (w := workload(api, tenant, first.metadata.uid)) and kc.condition_true(w, "Admitted")
+            (w := workload(api, tenant, first.metadata.uid)) and kw.condition_true(w, "Admitted")
         ),
     )
     second = submit(api, tenant, "second", gpus=8, duration_s=1)
@@ -172,7 +173,7 @@ def test_job_over_quota_is_held_until_first_finishes(api: Any, tenant: str) -> N
         "second evaluated and held",
         lambda: (
             (w := workload(api, tenant, second.metadata.uid))
-            and (c := kc.condition(w, "QuotaReserved")) is not None
+            and (c := kw.condition(w, "QuotaReserved")) is not None
             and c["status"] == "False"
             and w
         ),
@@ -184,7 +185,7 @@ def test_job_over_quota_is_held_until_first_finishes(api: Any, tenant: str) -> N
     while not job_finished(api, tenant, "first"):
         w = workload(api, tenant, second.metadata.uid)
         assert w is not None
-        assert not kc.condition_true(w, "QuotaReserved"), "second got quota while first ran"
+        assert not kw.condition_true(w, "QuotaReserved"), "second got quota while first ran"
         assert not job_pods(api, tenant, "second"), "second has pods while first ran"
         observations_while_first_running += 1
         time.sleep(0.5)
@@ -194,23 +195,23 @@ def test_job_over_quota_is_held_until_first_finishes(api: Any, tenant: str) -> N
         "first workload finished",
         lambda: (
             (w := workload(api, tenant, first.metadata.uid))
-            and kc.condition_true(w, "Finished")
+            and kw.condition_true(w, "Finished")
             and w
         ),
     )
     first_finished_at = ts(
-        cast(dict[str, Any], kc.condition(first_wl, "Finished"))["lastTransitionTime"]
+        cast(dict[str, Any], kw.condition(first_wl, "Finished"))["lastTransitionTime"]
     )
 
     second_wl = wait_for(
         "second admitted after first finished",
         lambda: (
             (w := workload(api, tenant, second.metadata.uid))
-            and kc.condition_true(w, "Admitted")
+            and kw.condition_true(w, "Admitted")
             and w
         ),
     )
-    reserved = kc.condition(second_wl, "QuotaReserved")
+    reserved = kw.condition(second_wl, "QuotaReserved")
     assert reserved is not None
     assert ts(reserved["lastTransitionTime"]) >= first_finished_at
     assert wait_for("second finished", lambda: job_finished(api, tenant, "second")) == "Complete"

@@ -23,6 +23,7 @@ import pytest
 
 from kestrel import cluster as kc
 from kestrel import dockerd
+from kestrel import kubework as kw
 from kestrel.sdk import Client, JobState
 
 pytestmark = pytest.mark.e2e
@@ -77,7 +78,7 @@ def stack(cluster_up: kc.ClusterInfo) -> Iterator[object]:
                 else:
                     os.environ[k] = v
             api = kc.api_client()
-            kc.delete_tenant_queues(api, [f"kestrel-{TENANT}"])
+            kw.delete_tenant_queues(api, [f"kestrel-{TENANT}"])
             kc.kubectl("delete", "admissioncheck", "kestrel-runway-compose-e2e",
                        "--ignore-not-found", check=False)
             kc.kubectl("delete", "lease", "-n", "default", "kestrel-autoscaler-compose-e2e",

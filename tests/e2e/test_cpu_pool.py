@@ -19,6 +19,7 @@ from typing import Any, cast
 import pytest
 
 from kestrel import cluster as kc
+from kestrel import kubework as kw
 
 pytestmark = [
     pytest.mark.e2e,
@@ -30,10 +31,10 @@ pytestmark = [
 def tenant(api: Any) -> Iterator[str]:
     """A tenant with 1 H100 and the CPU pool's 2 CPUs / 4 GiB of quota, no cohort."""
     name = f"e2e-cpu-{uuid.uuid4().hex[:6]}"
-    kc.create_tenant_queue(api, kc.tenant_queue_manifests(
+    kw.create_tenant_queue(api, kw.tenant_queue_manifests(
         name, gpu_quota={"gpu-h100": 1}, cpu_quota={"cpu": "2", "memory": "4Gi"}))
     yield name
-    kc.delete_tenant_queue(api, name)
+    kw.delete_tenant_queue(api, name)
 
 
 def _core(api: Any) -> Any:
@@ -109,11 +110,11 @@ def test_a_kueue_admitted_pod_runs_real_work_on_the_real_node(api: Any, tenant: 
               "sha256sum /opt/kestrel/model/model.onnx; "
               "python -c 'import onnxruntime, tokenizers; print(\"onnxruntime\", "
               "onnxruntime.__version__)'; sleep 2; exit 3")
-    run = kc.run_cpu_job(api, tenant, "gpu", "real-work", ["sh", "-c", script])
+    run = kw.run_cpu_job(api, tenant, "gpu", "real-work", ["sh", "-c", script])
     assert run.admitted and run.flavor == kc.CPU_FLAVOR
     assert run.node == kc.NODE_NAME
     assert run.exit_code == 3, run
-    assert kc.MODEL_ONNX_SHA256 in run.log
+    assert kw.MODEL_ONNX_SHA256 in run.log
     cgroup = re.search(r"pids:(\S+)", run.log)
     assert cgroup, run.log
     assert run.pod_uid in cgroup.group(1) and run.container_id in cgroup.group(1), run
@@ -126,25 +127,25 @@ def test_cpu_work_passes_the_same_quota(api: Any, tenant: str) -> None:
     """A CPU job asking for more than the tenant's CPU quota is never admitted."""
     from kubernetes import client
 
-    body: Any = kc.cpu_job_manifest("too-big", tenant, "gpu", ["true"], cpu="3", memory="1Gi")
+    body: Any = kw.cpu_job_manifest("too-big", tenant, "gpu", ["true"], cpu="3", memory="1Gi")
     job: Any = client.BatchV1Api(api).create_namespaced_job(tenant, body)
     time.sleep(5)
-    wl = kc.workloads_by_job_uid(api, tenant).get(job.metadata.uid)
+    wl = kw.workloads_by_job_uid(api, tenant).get(job.metadata.uid)
     assert wl is not None
-    assert not kc.condition_true(wl, "QuotaReserved")
-    assert not kc.condition_true(wl, "Admitted")
+    assert not kw.condition_true(wl, "QuotaReserved")
+    assert not kw.condition_true(wl, "Admitted")
 
 
 def test_a_gpu_job_never_takes_the_cpu_flavor(api: Any, tenant: str) -> None:
     from kubernetes import client
 
-    body: Any = kc.gpu_job_manifest("gpu-one", tenant, "gpu", gpus=1, duration_s=1)
+    body: Any = kw.gpu_job_manifest("gpu-one", tenant, "gpu", gpus=1, duration_s=1)
     job: Any = client.BatchV1Api(api).create_namespaced_job(tenant, body)
     deadline = time.monotonic() + 60
     wl: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        wl = kc.workloads_by_job_uid(api, tenant).get(job.metadata.uid) or {}
-        if kc.condition_true(wl, "Admitted") or kc.condition_true(wl, "Finished"):
+        wl = kw.workloads_by_job_uid(api, tenant).get(job.metadata.uid) or {}
+        if kw.condition_true(wl, "Admitted") or kw.condition_true(wl, "Finished"):
             break
         time.sleep(0.5)
     psa = cast(dict[str, Any], wl["status"]["admission"]["podSetAssignments"][0])

@@ -28,6 +28,7 @@ from nats.js.api import DeliverPolicy
 
 from kestrel import bus
 from kestrel import cluster as kc
+from kestrel import kubework as kw
 from kestrel.clock import now_us
 from kestrel.devstack import free_port
 from kestrel.procs import ServiceProcess
@@ -191,7 +192,7 @@ class Harness:
 
     def workload(self, tenant: str, job_id: str) -> dict[str, Any] | None:
         _, _, custom = _apis(self.api)
-        listing = custom.list_namespaced_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+        listing = custom.list_namespaced_custom_object(kw.KUEUE_GROUP, kw.KUEUE_API_VERSION,
                                                        f"kestrel-{tenant}", "workloads")
         for wl in listing["items"]:
             for ref in wl["metadata"].get("ownerReferences") or []:
@@ -202,7 +203,7 @@ class Harness:
     def cleanup(self) -> None:
         if self.proc is not None:
             self.proc.stop()
-        kc.delete_tenant_queues(self.api, [f"kestrel-{t}" for t in self.tenants])
+        kw.delete_tenant_queues(self.api, [f"kestrel-{t}" for t in self.tenants])
 
 
 @pytest.fixture
@@ -247,7 +248,7 @@ async def harness(service_env: dict[str, str], placer_db: str, js: JetStreamCont
 def _cq(api: Any, tenant: str) -> dict[str, Any]:
     _, _, custom = _apis(api)
     obj: dict[str, Any] = custom.get_cluster_custom_object(
-        kc.KUEUE_GROUP, kc.KUEUE_API_VERSION, "clusterqueues", f"kestrel-{tenant}")
+        kw.KUEUE_GROUP, kw.KUEUE_API_VERSION, "clusterqueues", f"kestrel-{tenant}")
     return obj
 
 
@@ -268,7 +269,7 @@ async def test_admitted_job_becomes_one_job_and_reports_its_lifecycle(harness: H
     assert spec["backoffLimit"] == 0
     assert pod["nodeSelector"] == {"kestrel.dev/flavor": "gpu-h100"}
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    assert spec["template"]["metadata"]["annotations"][kc.KWOK_DURATION_ANNOTATION] == "2s"
+    assert spec["template"]["metadata"]["annotations"][kw.KWOK_DURATION_ANNOTATION] == "2s"
     annotations = job["metadata"]["annotations"]
     assert annotations["kestrel.dev/flavor"] == "gpu-h100"
     assert "dearest flavor that fits" in annotations["kestrel.dev/flavor-reason"]
@@ -332,7 +333,7 @@ async def test_kill9_mid_job_then_restart_misses_no_finish_and_duplicates_nothin
     # The job finishes in Kubernetes while no placer runs.
     await wait_for("Workload Finished", lambda: (
         (wl := harness.workload(tenant, job_id)) is not None
-        and kc.condition_true(wl, "Finished")))
+        and kw.condition_true(wl, "Finished")))
     assert harness.events.one(job_id, FINISHED) is None
     harness.start()
     finished = await wait_for("FINISHED", lambda: harness.events.one(job_id, FINISHED))
@@ -457,7 +458,7 @@ async def test_ensure_tenant_creates_then_patches_queues_with_the_runway_check(
                 assert quota["gpu-a10"]["nvidia.com/gpu"] in (0, "0")
                 assert cq["spec"]["admissionChecksStrategy"] == {
                     "admissionChecks": [{"name": check}]}
-        ac = custom.get_cluster_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+        ac = custom.get_cluster_custom_object(kw.KUEUE_GROUP, kw.KUEUE_API_VERSION,
                                               "admissionchecks", check)
         assert ac["spec"]["controllerName"] == "kestrel.dev/runway"
         core, _, _ = _apis(harness.api)
@@ -465,7 +466,7 @@ async def test_ensure_tenant_creates_then_patches_queues_with_the_runway_check(
         assert ns.metadata.labels["kestrel.dev/tenant"] == tenant
     finally:
         with contextlib.suppress(ApiException):
-            custom.delete_cluster_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+            custom.delete_cluster_custom_object(kw.KUEUE_GROUP, kw.KUEUE_API_VERSION,
                                                 "admissionchecks", check)
 
 
@@ -482,7 +483,7 @@ async def test_deactivated_workload_is_evicted_then_a_readmission_is_a_new_alloc
 
     def set_active(active: bool) -> None:
         # What admission's runway controller does to a tenant out of budget.
-        custom.patch_namespaced_custom_object(kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+        custom.patch_namespaced_custom_object(kw.KUEUE_GROUP, kw.KUEUE_API_VERSION,
                                               f"kestrel-{tenant}", "workloads", name,
                                               {"spec": {"active": active}})
 
@@ -522,10 +523,10 @@ async def _most_running_at_once(harness: Harness, tenant: str, job_ids: list[str
     most = 0
     while True:
         items = (await asyncio.to_thread(
-            custom.list_namespaced_custom_object, kc.KUEUE_GROUP, kc.KUEUE_API_VERSION,
+            custom.list_namespaced_custom_object, kw.KUEUE_GROUP, kw.KUEUE_API_VERSION,
             f"kestrel-{tenant}", "workloads"))["items"]
-        running = [w for w in items if kc.condition_true(w, "Admitted")
-                   and not kc.condition_true(w, "Finished")]
+        running = [w for w in items if kw.condition_true(w, "Admitted")
+                   and not kw.condition_true(w, "Finished")]
         most = max(most, len(running))
         if all(harness.events.one(j, FINISHED) for j in job_ids):
             return most
@@ -614,7 +615,7 @@ async def test_a_job_held_at_the_runway_check_is_metered_only_from_the_check_rea
     test plays admission's check controller."""
     check = f"kestrel-runway-e2e-{uuid.uuid4().hex[:6]}"
     _, _, custom = _apis(harness.api)
-    group, version = kc.KUEUE_GROUP, kc.KUEUE_API_VERSION
+    group, version = kw.KUEUE_GROUP, kw.KUEUE_API_VERSION
 
     def stamp() -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -629,10 +630,10 @@ async def test_a_job_held_at_the_runway_check_is_metered_only_from_the_check_rea
 
         def reserved_waiting() -> dict[str, Any] | None:
             wl = harness.workload(tenant, job_id)
-            return wl if wl is not None and kc.condition_true(wl, "QuotaReserved") else None
+            return wl if wl is not None and kw.condition_true(wl, "QuotaReserved") else None
 
         waiting = await wait_for("quota reserved, check Pending", reserved_waiting)
-        assert not kc.condition_true(waiting, "Admitted")
+        assert not kw.condition_true(waiting, "Admitted")
         assert harness.events.one(job_id, ADMITTED) is None  # held: nothing metered
         custom.patch_namespaced_custom_object_status(
             group, version, f"kestrel-{tenant}", "workloads", waiting["metadata"]["name"],

@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from kestrel import cluster as kc
+from kestrel import kubework as kw
 from kestrel.sdk import JobState
 from tests.e2e.loop import Loop, allocation, in_state, plane_env, until, workload
 
@@ -52,7 +53,7 @@ async def test_a_held_job_waits_at_the_runway_check_and_kubectl_describe_says_wh
     described = kc.kubectl("describe", "workload", "-n", f"kestrel-{tenant}",
                            w["metadata"]["name"], check=True).stdout
     assert "kestrel-runway" in described and "held by Kestrel for budget" in described
-    assert not kc.condition_true(w, "Admitted")  # waiting: not metered
+    assert not kw.condition_true(w, "Admitted")  # waiting: not metered
 
     async with loop.operator() as op:
         await op.top_up(tenant, "1")
@@ -72,8 +73,8 @@ async def test_a_budget_cut_to_zero_evicts_running_work_metered_to_the_eviction_
     async def admitted_at() -> int | None:
         # Read while it runs: at eviction Kueue flips Admitted to False, moving its time.
         w = await asyncio.to_thread(workload, tenant, job.job_id)
-        c = kc.condition(w, "Admitted") if w else None
-        return kc.k8s_time_s(c["lastTransitionTime"]) if c and c["status"] == "True" else None
+        c = kw.condition(w, "Admitted") if w else None
+        return kw.k8s_time_s(c["lastTransitionTime"]) if c and c["status"] == "True" else None
 
     want_start = await until("Kueue's Admitted instant", admitted_at) * 1_000_000
     async with loop.operator() as op:
@@ -85,10 +86,10 @@ async def test_a_budget_cut_to_zero_evicts_running_work_metered_to_the_eviction_
     assert evicted.reason == f"evicted: tenant {tenant}'s budget is spent"
     w = await asyncio.to_thread(workload, tenant, job.job_id)
     assert w is not None and (w.get("spec") or {}).get("active") is False
-    gone = kc.condition(w, "Evicted")
+    gone = kw.condition(w, "Evicted")
     assert gone is not None
     got = await until("the allocation closed", lambda: allocation(loop.dsn, job.job_id))
-    want_end = kc.k8s_time_s(gone["lastTransitionTime"]) * 1_000_000
+    want_end = kw.k8s_time_s(gone["lastTransitionTime"]) * 1_000_000
     assert got[2] == want_end and got[1] == 2 * (want_end - want_start)
     await client.close()
 
@@ -128,7 +129,7 @@ async def test_a_job_without_a_simulated_duration_succeeds_inside_its_bound(
                                          JobState.FAILED))
     assert done.state is JobState.SUCCEEDED, done.reason
     got = await until("closed", lambda: allocation(loop.dsn, job.job_id))
-    want = await asyncio.to_thread(kc.gpu_seconds_by_job, [f"kestrel-{tenant}"])
+    want = await asyncio.to_thread(kw.gpu_seconds_by_job, [f"kestrel-{tenant}"])
     assert got[1] == int(want[job.job_id] * 1_000_000)
     assert got[1] <= 8 * 1_000_000
     await client.close()
@@ -150,7 +151,7 @@ async def test_kill_9_of_placer_and_admission_mid_scenario_loses_nothing(loop: L
     k8s_jobs = kc.kubectl("get", "jobs", "-n", f"kestrel-{tenant}", "-o", "name",
                           check=True).stdout.split()
     assert sorted(k8s_jobs) == sorted(f"job.batch/{j.job_id}" for j in [*jobs, *more])
-    want = await asyncio.to_thread(kc.gpu_seconds_by_job, [f"kestrel-{tenant}"])
+    want = await asyncio.to_thread(kw.gpu_seconds_by_job, [f"kestrel-{tenant}"])
     for j in [*jobs, *more]:
         got = await until("closed", lambda j=j: allocation(loop.dsn, j.job_id))  # type: ignore[misc]
         assert got[1] == int(want[j.job_id] * 1_000_000)

@@ -10,7 +10,7 @@ import pytest
 
 from kestrel import budget
 from kestrel.v1 import common_pb2
-from kestrel.workloads import CPU_FLAVOR
+from kestrel.workloads import CPU_FLAVOR, KWOK_DURATION_ANNOTATION
 from services.admission.domain import Budget, Hold, JobAsk, Policy, Verdict, decide
 from services.gateway.replicas import DEFAULT_HORIZON_S, replica_spec, units_of
 from services.placer import lifecycle, manifests
@@ -106,7 +106,7 @@ def test_a_gpu_replica_is_a_kwok_pod_that_keeps_running_until_it_is_deleted() ->
     spec = manifests.job(plan)["spec"]
     assert "activeDeadlineSeconds" not in spec
     template = spec["template"]
-    assert template["metadata"]["annotations"][manifests.KWOK_DURATION_ANNOTATION] == "87600h"
+    assert template["metadata"]["annotations"][KWOK_DURATION_ANNOTATION] == "87600h"
     assert template["metadata"]["labels"]["kestrel.dev/endpoint"] == "ep-0123456789abcdef"
     (c,) = template["spec"]["containers"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
