@@ -71,24 +71,21 @@ def gpu_job_manifest(
     }
     if tolerate_all:
         pod_spec["tolerations"] = [{"operator": "Exists"}]
+    return _kueue_job(name, namespace, queue, labels, parallelism, {
+        "metadata": {"annotations": {KWOK_DURATION_ANNOTATION: f"{duration_s}s"}},
+        "spec": pod_spec})
+
+
+def _kueue_job(name: str, namespace: str, queue: str, labels: dict[str, str] | None,
+               parallelism: int, template: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """A batch/v1 Job in `queue`'s LocalQueue, created suspended for Kueue to admit."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {QUEUE_NAME_LABEL: queue, **(labels or {})},
-        },
-        "spec": {
-            "suspend": True,
-            "parallelism": parallelism,
-            "completions": parallelism,
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"annotations": {KWOK_DURATION_ANNOTATION: f"{duration_s}s"}},
-                "spec": pod_spec,
-            },
-        },
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {QUEUE_NAME_LABEL: queue, **(labels or {})}},
+        "spec": {"suspend": True, "parallelism": parallelism, "completions": parallelism,
+                 "backoffLimit": 0, **spec, "template": template},
     }
 
 
@@ -124,23 +121,8 @@ def cpu_job_manifest(
             }
         ],
     }
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {QUEUE_NAME_LABEL: queue, **(labels or {})},
-        },
-        "spec": {
-            "suspend": True,
-            "parallelism": 1,
-            "completions": 1,
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": active_deadline_s,
-            "template": {"spec": pod_spec},
-        },
-    }
+    return _kueue_job(name, namespace, queue, labels, 1, {"spec": pod_spec},
+                      activeDeadlineSeconds=active_deadline_s)
 
 
 MODEL_ONNX_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
