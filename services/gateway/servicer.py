@@ -1,6 +1,7 @@
-"""Transport: kestrel.v1.Gateway. Each RPC authenticates, rate-limits,
-validates, calls a collaborator (store, admission, meter) and converts back.
-Errors are mapped once, by map_errors."""
+"""Transport: kestrel.v1.Gateway. Each RPC checks who calls (callers.py: the operator
+token, or a tenant key and its rate limit), validates, calls a collaborator (its store,
+endpoints.py, admission, the meter, the placer; upstream.py maps their failures) and
+converts back. Errors are mapped once, by map_errors."""
 
 from __future__ import annotations
 
