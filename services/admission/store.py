@@ -1,6 +1,7 @@
 """Admission's Postgres adapter. Writes jobs, job_transitions and reservations
-(admission is their one writer); reads the meter's ledger and the gateway's
-tenant profiles, each in one statement so a decision sees one snapshot."""
+(admission is their one writer); reads what the meter and the gateway publish for it,
+never their tables: the meter's meter_budget() and current_prices, the gateway's
+tenant_policies, a decision's figures in one statement so it sees one snapshot."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import asyncpg
 
 from kestrel.db import migrate
 from kestrel.jobs import JOB_COLS, JobRow, JobState, job_row
-from kestrel.workloads import AllocStatus
 from services.admission.domain import Decision, JobAsk, Policy, Verdict
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -39,36 +39,27 @@ class AdmissionStore:
             return await migrate(conn, "admission", MIGRATIONS)
 
     async def schema_ready(self) -> bool:
-        """The tables admission reads but does not own exist (meter and gateway migrated)."""
+        """What admission reads of others exists (the meter and the gateway migrated)."""
         return bool(await self.pool.fetchval(
-            "SELECT to_regclass('ledger') IS NOT NULL AND "
-            "to_regclass('tenant_profiles') IS NOT NULL"))
+            "SELECT to_regprocedure('meter_budget(text, bigint, text[], boolean)') IS NOT NULL "
+            "AND to_regclass('tenant_policies') IS NOT NULL"))
 
     async def prices(self) -> dict[str, Decimal]:
-        rows = await self.pool.fetch("""
-            SELECT DISTINCT ON (flavor) flavor, price_per_gpu_s
-            FROM prices ORDER BY flavor, effective_us DESC, price_id DESC""")
+        rows = await self.pool.fetch("SELECT flavor, price_per_gpu_s FROM current_prices")
         return {r["flavor"]: r["price_per_gpu_s"] for r in rows}
 
     async def snapshot(self, tenant: str, after_seq: int, started: Sequence[str],
                        costs: bool = True) -> Snapshot:
         """Credits, charges since `after_seq`, which `started` allocations the meter has
-        closed and, with `costs`, each one's ledger cost so far. The costs sum ledger
-        rows per allocation (one per meter tick): the dear part, so a caller that only
-        needs credits and charges leaves them out."""
-        cost = ("(SELECT coalesce(sum(x.cost), 0)::text FROM ledger x "
-                "WHERE x.workload_id = a.workload_id)") if costs else "NULL"
-        r = await self.pool.fetchrow(f"""
+        closed and, with `costs`, each one's ledger cost so far: the meter's own
+        meter_budget(), which reads its tables, with the gateway's tenant_policies, in
+        one statement (one snapshot)."""
+        r = await self.pool.fetchrow("""
             SELECT p.gpu_quota, p.gpu_borrow, p.suspended, (p.tenant IS NOT NULL) AS known,
-                   (SELECT coalesce(sum(amount), 0) FROM credits WHERE tenant = $1) AS credits,
-                   l.s AS charged, l.m AS seq,
-                   (SELECT coalesce(json_agg(json_build_array(
-                        a.workload_id, a.status = $4, {cost})), '[]')
-                    FROM allocations a WHERE a.workload_id = ANY($3::text[])) AS allocs
-            FROM (SELECT coalesce(sum(cost), 0) AS s, coalesce(max(row_id), $2) AS m
-                  FROM ledger WHERE tenant = $1 AND row_id > $2) l
-            LEFT JOIN tenant_profiles p ON p.tenant = $1""", tenant, after_seq, list(started),
-            AllocStatus.CLOSED)
+                   b.credits, b.charged, b.seq, b.allocs
+            FROM meter_budget($1, $2, $3::text[], $4) b
+            LEFT JOIN tenant_policies p ON p.tenant = $1""", tenant, after_seq, list(started),
+            costs)
         assert r is not None
         policy = None
         if r["known"]:

@@ -58,7 +58,7 @@ class GatewayStore:
             return await migrate(conn, "gateway", MIGRATIONS)
 
     async def flavors(self) -> set[str]:
-        return {r["flavor"] for r in await self.pool.fetch("SELECT DISTINCT flavor FROM prices")}
+        return {r["flavor"] for r in await self.pool.fetch("SELECT flavor FROM current_prices")}
 
     # --- tenants -------------------------------------------------------------
 

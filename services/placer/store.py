@@ -33,18 +33,16 @@ class PlacerStore:
         self.pool = pool
 
     async def prices(self) -> dict[str, Decimal]:
-        if not await self.pool.fetchval("SELECT to_regclass('prices') IS NOT NULL"):
+        if not await self.pool.fetchval("SELECT to_regclass('current_prices') IS NOT NULL"):
             return {}
-        rows = await self.pool.fetch("""
-            SELECT DISTINCT ON (flavor) flavor, price_per_gpu_s
-            FROM prices ORDER BY flavor, effective_us DESC, price_id DESC""")
+        rows = await self.pool.fetch("SELECT flavor, price_per_gpu_s FROM current_prices")
         return {r["flavor"]: r["price_per_gpu_s"] for r in rows}
 
     async def profiles(self, tenants: Sequence[str]) -> dict[str, TenantQuota]:
-        if not await self.pool.fetchval("SELECT to_regclass('tenant_profiles') IS NOT NULL"):
+        if not await self.pool.fetchval("SELECT to_regclass('tenant_policies') IS NOT NULL"):
             return {}
         rows = await self.pool.fetch(
-            "SELECT tenant, gpu_quota, gpu_borrow, suspended FROM tenant_profiles "
+            "SELECT tenant, gpu_quota, gpu_borrow, suspended FROM tenant_policies "
             "WHERE tenant = ANY($1)", list(tenants))
         return {r["tenant"]: TenantQuota(_gpus(r["gpu_quota"]), bool(r["suspended"]),
                                          _gpus(r["gpu_borrow"])) for r in rows}

@@ -166,7 +166,7 @@ async def test_rows_written_before_the_chain_join_it_in_row_id_order(
             await pool.close()
         assert await migrate(owner, "meter", MIGRATIONS) == [
             "0006_ledger_chain.sql", "0007_rolling_reservations.sql",
-            "0008_open_reservations.sql"]
+            "0008_open_reservations.sql", "0009_reads_for_others.sql"]
         rows = await owner.fetch("SELECT row_id, chain_seq FROM ledger ORDER BY row_id")
         assert [r["chain_seq"] for r in rows] == list(range(1, len(rows) + 1)) and rows
     finally:
