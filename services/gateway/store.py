@@ -1,5 +1,5 @@
 """The gateway's Postgres adapter: tenant profiles and API keys (written here),
-jobs (read only: admission owns them)."""
+jobs (read through admission's `job_status` view: admission owns them)."""
 
 from __future__ import annotations
 
@@ -110,13 +110,13 @@ class GatewayStore:
 
     async def job(self, tenant: str, job_id: str) -> JobRow | None:
         r = await self.pool.fetchrow(
-            f"SELECT {JOB_COLS} FROM jobs WHERE job_id = $1 AND tenant = $2", job_id, tenant)
+            f"SELECT {JOB_COLS} FROM job_status WHERE job_id = $1 AND tenant = $2", job_id, tenant)
         return job_row(r) if r else None
 
     async def ended(self, job_ids: Sequence[str]) -> set[str]:
         """Those of `job_ids` in a terminal state (an endpoint's replicas that ended)."""
         rows = await self.pool.fetch(
-            "SELECT job_id FROM jobs WHERE job_id = ANY($1::text[]) "
+            "SELECT job_id FROM job_status WHERE job_id = ANY($1::text[]) "
             "AND state = ANY($2::smallint[])", list(job_ids), sorted(int(s) for s in TERMINAL))
         return {r["job_id"] for r in rows}
 
@@ -128,7 +128,7 @@ class GatewayStore:
         where = "tenant = $4 AND " if tenant else ""
         args: list[object] = [after_seq, list(states), limit, *([tenant] if tenant else [])]
         rows = await self.pool.fetch(f"""
-            SELECT {JOB_COLS} FROM jobs
+            SELECT {JOB_COLS} FROM job_status
             WHERE {where}seq > $1 AND (cardinality($2::smallint[]) = 0
                                       OR state = ANY($2::smallint[]))
             ORDER BY seq LIMIT $3""", *args)

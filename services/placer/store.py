@@ -1,5 +1,6 @@
-"""Postgres, read-only: tenant quotas (the gateway's), prices (the meter's), job states
-(admission's). The placer owns no table."""
+"""Postgres, read-only, through what each owner publishes: tenant quotas (the gateway's
+`tenant_policies`), prices (the meter's `current_prices`), job states (admission's
+`job_status`). The placer owns no table."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ class PlacerStore:
 
     async def cancelled(self, job_id: str) -> bool:
         """Admission cancelled the job (a JobAdmitted may still be queued for it)."""
-        if not await self.pool.fetchval("SELECT to_regclass('jobs') IS NOT NULL"):
+        if not await self.pool.fetchval("SELECT to_regclass('job_status') IS NOT NULL"):
             return False
-        state = await self.pool.fetchval("SELECT state FROM jobs WHERE job_id = $1", job_id)
+        state = await self.pool.fetchval("SELECT state FROM job_status WHERE job_id = $1", job_id)
         return state is not None and int(state) == int(JobState.CANCELLED)

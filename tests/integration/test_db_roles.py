@@ -182,11 +182,13 @@ async def test_only_the_meters_role_writes_the_ledger_and_credits(
 
 
 # What each service reads of another's tables: only what the owner publishes for it
-# (meter 0009: meter_budget(), current_prices; gateway 0006: tenant_policies).
+# (meter 0009: meter_budget(), current_prices; gateway 0006: tenant_policies;
+# admission 0003: job_status).
 READS = {
     "admission": ["meter_budget", "current_prices", "tenant_policies"],
-    "placer": ["current_prices", "tenant_policies"],
-    "gateway": ["current_prices", "tenant_policies"],
+    "placer": ["current_prices", "tenant_policies", "job_status"],
+    "gateway": ["current_prices", "tenant_policies", "job_status"],
+    "meter": ["current_prices"],
 }
 PUBLISHED = {  # what each answers over the fixture: one ledger row, 1 GPU-s at 0.001
     "meter_budget": ("SELECT charged FROM meter_budget('acme', 0, '{w1}', true)",
@@ -194,12 +196,15 @@ PUBLISHED = {  # what each answers over the fixture: one ledger row, 1 GPU-s at 
     "current_prices": ("SELECT price_per_gpu_s FROM current_prices "
                        "WHERE flavor = 'gpu-h100'", Decimal("0.001")),
     "tenant_policies": ("SELECT count(*) FROM tenant_policies", 0),
+    "job_status": ("SELECT count(*) FROM job_status", 0),
 }
 OTHERS_TABLES = {
     "admission": ["ledger", "credits", "allocations", "prices", "tenant_profiles"],
     "placer": ["ledger", "credits", "allocations", "prices", "tenant_profiles",
-               "reservations"],
-    "gateway": ["ledger", "credits", "allocations", "prices", "reservations"],
+               "reservations", "jobs", "job_transitions"],
+    "gateway": ["ledger", "credits", "allocations", "prices", "reservations", "jobs",
+                "job_transitions"],
+    "meter": ["jobs", "job_transitions", "tenant_profiles"],
 }
 
 
