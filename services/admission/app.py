@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from kestrel import bus
+from kestrel import bus, runway
 from kestrel.clock import now_us
 from kestrel.cluster import PATHS as CLUSTER_PATHS
 from kestrel.config import Endpoints, env_int, env_str
@@ -17,9 +17,10 @@ from kestrel.grpcserver import Server
 from kestrel.jobs import JobRow
 from kestrel.kubeclient import kubeconfig_usable
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
+from kestrel.runway import Runways
 from kestrel.service import drain, every, serve_metrics
 from kestrel.v1 import admission_pb2, admission_pb2_grpc
-from services.admission.consumers import Reevaluator, follow_runway, follow_workloads
+from services.admission.consumers import Reevaluator, follow_workloads, on_runway
 from services.admission.core import Admission
 from services.admission.domain import JobState
 from services.admission.kueue import RunwayCheckController
@@ -119,8 +120,9 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
         log.info("runway admission check %s on %s", config.runway_check, config.kubeconfig)
     else:
         log.info("runway admission check off (KESTREL_RUNWAY_CHECK empty or no kubeconfig)")
-    tasks = [asyncio.create_task(follow_runway(
-                 js, reeval, stop, controller.wake if controller is not None else None)),
+    runways = Runways()
+    runways.listen(on_runway(reeval, controller.wake if controller is not None else None))
+    tasks = [asyncio.create_task(runway.follow(js, runways, stop), name="runway"),
              asyncio.create_task(follow_workloads(js, admission, reeval, stop)),
              asyncio.create_task(every(10, stop, refresh_prices, "refreshing prices failed",
                                        log)),

@@ -1,7 +1,7 @@
 """Transport: what admission hears on the bus.
 
-- kestrel.runway.> from the last-value stream (a restarted admission hears
-  every tenant at once): a changed runway may free held jobs, so the tenant
+- kestrel.runway.> through kestrel.runway (a restarted admission hears every
+  tenant's last figure at once): a changed runway may free held jobs, so the tenant
   is re-evaluated (coalesced: one pending re-evaluation per tenant at a time),
   and the runway check decides the tenant's waiting Workloads again.
 - kestrel.workload.> (durable consumer `admission`): job states follow
@@ -12,14 +12,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Callable
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
 
 from kestrel import bus
 from kestrel.v1 import common_pb2, events_pb2
@@ -59,25 +57,17 @@ class Reevaluator:
             log.exception("re-evaluating %s failed", tenant)
 
 
-async def follow_runway(js: JetStreamContext, reeval: Reevaluator, stop: asyncio.Event,
-                        on_runway: Callable[[str], None] | None = None) -> None:
-    async def on_msg(msg: Msg) -> None:
-        try:
-            tenant = events_pb2.RunwayChanged.FromString(msg.data).runway.tenant
-        except Exception:
-            log.error("undecodable runway message on %s", msg.subject)
-            return
-        if on_runway is not None:
-            on_runway(tenant)
-        book = reeval.admission.books.get(tenant)
+def on_runway(reeval: Reevaluator, wake: Callable[[str], None] | None = None
+              ) -> Callable[[common_pb2.Runway], None]:
+    """What a tenant's new runway (kestrel.runway.Runways' listener) sets going: its
+    held jobs and open holds are decided again, and so are its waiting Workloads."""
+    def listener(runway: common_pb2.Runway) -> None:
+        if wake is not None:
+            wake(runway.tenant)
+        book = reeval.admission.books.get(runway.tenant)
         if book is not None and (book.held or book.holds):
-            reeval.request(tenant)
-
-    sub = await js.subscribe("kestrel.runway.>", cb=on_msg, ordered_consumer=True,
-                             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
-    await stop.wait()
-    with contextlib.suppress(Exception):
-        await sub.unsubscribe()
+            reeval.request(runway.tenant)
+    return listener
 
 
 async def follow_workloads(js: JetStreamContext, admission: Admission, reeval: Reevaluator,

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis.asyncio as aioredis
-from nats.js.api import DeliverPolicy
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from kestrel import bus
+from kestrel import bus, runway
 from kestrel.config import Endpoints, env_float, env_int, env_str
 from kestrel.grpcserver import Server
 from kestrel.kubeclient import new_api_client
 from kestrel.lease import Elector
 from kestrel.metrics import GrpcMetrics
+from kestrel.runway import Runways
 from kestrel.service import every, serve_metrics
 from kestrel.tls import aio_channel
 from kestrel.v1 import (
@@ -136,13 +136,9 @@ async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
         log.info("leader election: Lease %s/%s as %s", config.lease_namespace, config.lease,
                  identity)
 
-    async def on_runway(msg: object) -> None:
-        with contextlib.suppress(Exception):
-            scaler.runway_changed(events_pb2.RunwayChanged.FromString(msg.data))  # type: ignore[attr-defined]
-
-    # Last value per tenant first: every tenant's runway is known before a decision.
-    sub = await js.subscribe("kestrel.runway.>", cb=on_runway, ordered_consumer=True,
-                             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+    runways = Runways()
+    runways.listen(scaler.runway_changed)
+    runway_ready = asyncio.Event()
     server = Server(config.host, config.grpc_port,
                     [autoscaler_pb2.DESCRIPTOR.services_by_name["Autoscaler"].full_name],
                     interceptors=[GrpcMetrics(registry)])
@@ -150,10 +146,15 @@ async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
                                                          server.server)
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
-    tasks = [asyncio.create_task(scaler.run(stop, config.interval_s), name="loop"),
-             *([asyncio.create_task(elector.run(stop), name="lease")] if elector else []),
-             asyncio.create_task(every(30.0, stop, scaler.refresh_prices,
-                                       "refreshing prices failed", log), name="prices")]
+    # Every tenant's last runway is known before the first decision.
+    tasks = [asyncio.create_task(runway.follow(js, runways, stop, runway_ready),
+                                 name="runway")]
+    await asyncio.wait([asyncio.create_task(runway_ready.wait()),
+                        asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    tasks += [asyncio.create_task(scaler.run(stop, config.interval_s), name="loop"),
+              *([asyncio.create_task(elector.run(stop), name="lease")] if elector else []),
+              asyncio.create_task(every(30.0, stop, scaler.refresh_prices,
+                                        "refreshing prices failed", log), name="prices")]
     log.info("autoscaler serving gRPC on %s (every %.1fs; gateway %s, meter %s)",
              server.address, config.interval_s, config.gateway_addr, config.meter_addr)
     try:
@@ -168,8 +169,6 @@ async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
             await asyncio.to_thread(elector.release)
         if http is not None:
             http[0].shutdown()
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
         await nc.close()
         await redis.aclose()
         await gw_channel.close()

@@ -114,10 +114,10 @@ class Autoscaler:
 
     # --- inputs ---------------------------------------------------------------
 
-    def runway_changed(self, msg: events_pb2.RunwayChanged) -> None:
-        if msg.runway.tenant:
-            self.runways[msg.runway.tenant] = msg.runway
-            self.wake.set()
+    def runway_changed(self, runway: common_pb2.Runway) -> None:
+        """A kestrel.runway.Runways listener: the tenant's newest figure."""
+        self.runways[runway.tenant] = runway
+        self.wake.set()
 
     async def refresh_prices(self) -> None:
         resp = await self.meter.ListPrices(meter_pb2.ListPricesRequest(), timeout=5)

@@ -10,15 +10,16 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter
 
-from kestrel import bus
+from kestrel import bus, runway
 from kestrel import cluster as kc
 from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
+from kestrel.runway import Runways
 from kestrel.service import drain, every, serve_metrics
 from kestrel.v1 import placer_pb2, placer_pb2_grpc
-from services.placer.consumers import ACK_WAIT_S, consume_admitted, follow_runway
+from services.placer.consumers import ACK_WAIT_S, consume_admitted
 from services.placer.core import Placer, PlacerSettings
 from services.placer.domain import DEFAULT_SHORT_BP
 from services.placer.kube import KINDS, Kube, Watcher
@@ -26,7 +27,7 @@ from services.placer.lifecycle import Derived
 from services.placer.servicer import PlacerServicer
 from services.placer.standins import StandIns
 from services.placer.store import PlacerStore
-from services.placer.wire import event_to_wire
+from services.placer.wire import event_to_wire, runway_from_wire
 
 log = logging.getLogger("kestrel.placer")
 
@@ -114,7 +115,9 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
                 on_relist=lambda k: relists.labels(k).inc()).start()
     tasks = [asyncio.create_task(placer.run_observer(stop), name="observer")]
     runway_ready = asyncio.Event()
-    tasks.append(asyncio.create_task(follow_runway(js, placer, stop, runway_ready),
+    runways = Runways()  # every tenant's runway, known before placement begins
+    runways.listen(lambda r: placer.runways.__setitem__(r.tenant, runway_from_wire(r)))
+    tasks.append(asyncio.create_task(runway.follow(js, runways, stop, runway_ready),
                                      name="runway"))
     # Serve once the runway of every tenant is known and every event implied by what
     # exists in Kubernetes is out; a SIGTERM meanwhile still stops the process.

@@ -4,65 +4,27 @@
   admitted job becomes a Kubernetes Job; the message is acknowledged only after
   the Job exists and its QUEUED event is published. Failures are redelivered;
   a message that is not a valid JobAdmitted is parked on kestrel.deadletter.placer.
-- kestrel.runway.> (ordered consumer, last value per subject): a live view of
-  every tenant's runway, complete at start-up before placement begins.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from kestrel import bus
 from kestrel.v1 import events_pb2
 from services.placer.core import Placer
-from services.placer.wire import admitted_from_wire, runway_from_wire
+from services.placer.wire import admitted_from_wire
 
 log = logging.getLogger("kestrel.placer.bus")
 
 DURABLE = "placer"
 STREAM = "KESTREL_JOBS"
 ACK_WAIT_S = 30  # a placement not acknowledged by then is delivered again
-
-
-async def follow_runway(js: JetStreamContext, placer: Placer, stop: asyncio.Event,
-                        ready: asyncio.Event, catch_up_s: float = 5.0) -> None:
-    """Keep placer.runways current; set `ready` once the stream's backlog is read."""
-    try:
-        state = (await js.stream_info("KESTREL_RUNWAY")).state
-        last = state.last_seq if state.messages else 0
-    except Exception:
-        last = 0
-    seen = asyncio.Event()
-    if last == 0:
-        seen.set()
-
-    async def on_msg(msg: Msg) -> None:
-        try:
-            tenant, view = runway_from_wire(events_pb2.RunwayChanged.FromString(msg.data))
-        except Exception:
-            log.error("undecodable runway message on %s", msg.subject)
-            return
-        if tenant:
-            placer.runways[tenant] = view
-        if msg.metadata.sequence.stream >= last:
-            seen.set()
-
-    sub = await js.subscribe("kestrel.runway.>", cb=on_msg, ordered_consumer=True,
-                             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(seen.wait(), timeout=catch_up_s)
-    ready.set()
-    log.info("runway view: %d tenants", len(placer.runways))
-    await stop.wait()
-    with contextlib.suppress(Exception):
-        await sub.unsubscribe()
 
 
 async def _handle(js: JetStreamContext, placer: Placer, msg: Msg) -> None:

@@ -15,9 +15,8 @@ def admitted_from_wire(msg: events_pb2.JobAdmitted) -> AdmittedJob:
                        spec.endpoint_id)
 
 
-def runway_from_wire(msg: events_pb2.RunwayChanged) -> tuple[str, RunwayView]:
-    r = msg.runway
-    return r.tenant, RunwayView(r.remaining_bp, r.runway_s, r.unlimited)
+def runway_from_wire(r: common_pb2.Runway) -> RunwayView:
+    return RunwayView(r.remaining_bp, r.runway_s, r.unlimited)
 
 
 def event_to_wire(e: Derived) -> events_pb2.WorkloadEvent:

@@ -1,0 +1,105 @@
+"""Every tenant's last runway, as the meter published it: one reader for all.
+
+The meter publishes a tenant's complete figure (credits, charged, reserved, burn,
+runway, stamped with the ledger row it includes and the instant it was computed) on
+kestrel.runway.<tenant>, into KESTREL_RUNWAY, a stream that keeps the last message
+per subject. A reader therefore needs no query: `follow()` reads every tenant's last
+figure at start (`ready` is set once the stream's backlog is read, or after
+`catch_up_s`), then each new one as it is published, into a `Runways`. Admission (its
+held jobs and the runway check), the placer (flavor by runway) and the autoscaler
+(how far an endpoint may scale) each keep one and subscribe to its changes.
+
+`Runways.take` is pure: a figure older than the one held (a lower ledger sequence,
+or the same one computed earlier) is dropped, so a redelivery after a reconnect
+never turns a tenant's view back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+
+from kestrel.v1 import common_pb2, events_pb2
+
+__all__ = ["STREAM", "SUBJECTS", "Runways", "follow"]
+
+log = logging.getLogger("kestrel.runway")
+
+STREAM = "KESTREL_RUNWAY"
+SUBJECTS = "kestrel.runway.>"
+
+Listener = Callable[[common_pb2.Runway], None]
+
+
+class Runways(Mapping[str, common_pb2.Runway]):
+    """Tenant -> the newest runway heard for it; listeners hear each one taken."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, common_pb2.Runway] = {}
+        self._listeners: list[Listener] = []
+
+    def __getitem__(self, tenant: str) -> common_pb2.Runway:
+        return self._last[tenant]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._last)
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def listen(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def take(self, runway: common_pb2.Runway) -> bool:
+        """Keep `runway` unless it is older than the tenant's last; tell the listeners."""
+        if not runway.tenant:
+            return False
+        old = self._last.get(runway.tenant)
+        if old is not None and (runway.ledger_seq, runway.as_of_us) < (old.ledger_seq,
+                                                                        old.as_of_us):
+            return False
+        self._last[runway.tenant] = runway
+        for listener in self._listeners:
+            try:
+                listener(runway)
+            except Exception:
+                log.exception("a runway listener failed for %s", runway.tenant)
+        return True
+
+
+async def follow(js: JetStreamContext, runways: Runways, stop: asyncio.Event,
+                 ready: asyncio.Event | None = None, catch_up_s: float = 5.0) -> None:
+    """Keep `runways` current until `stop`; set `ready` once the backlog is read."""
+    try:
+        state = (await js.stream_info(STREAM)).state
+        last = state.last_seq if state.messages else 0
+    except Exception:  # no stream yet (the meter has not started): nothing to catch up
+        last = 0
+    caught_up = asyncio.Event()
+    if last == 0:
+        caught_up.set()
+
+    async def on_msg(msg: Msg) -> None:
+        try:
+            runways.take(events_pb2.RunwayChanged.FromString(msg.data).runway)
+        except Exception:
+            log.error("undecodable runway message on %s", msg.subject)
+        if msg.metadata.sequence.stream >= last:
+            caught_up.set()
+
+    sub = await js.subscribe(SUBJECTS, cb=on_msg, ordered_consumer=True,
+                             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(caught_up.wait(), timeout=catch_up_s)
+    if ready is not None:
+        ready.set()
+    log.info("runway view: %d tenants", len(runways))
+    await stop.wait()
+    with contextlib.suppress(Exception):
+        await sub.unsubscribe()
