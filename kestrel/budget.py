@@ -25,7 +25,7 @@ from decimal import Decimal
 
 from kestrel.money import ZERO
 
-__all__ = ["Budget", "Hold", "budget", "reserved_of"]
+__all__ = ["Budget", "Hold", "budget", "remaining", "reserved_of", "spent", "unspent"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,22 @@ class Budget:
     remaining_bp: int
 
 
+def unspent(credits: Decimal, charged: Decimal) -> Decimal:
+    """The money not yet spent, reserved or not: credits - charged."""
+    return credits - charged
+
+
+def spent(credits: Decimal, charged: Decimal) -> bool:
+    """The tenant's money is gone (running work is stopped, nothing new starts)."""
+    return unspent(credits, charged) <= 0
+
+
+def remaining(credits: Decimal, charged: Decimal, reserved: Decimal) -> Decimal:
+    """What is neither spent nor held: credits - charged - reserved (negative when
+    open-ended work overran)."""
+    return unspent(credits, charged) - reserved
+
+
 def _seconds(money: Decimal, burn: Decimal) -> float:
     if burn <= 0:
         return math.inf
@@ -84,10 +100,11 @@ def budget(credits: Decimal, charged: Decimal, reserved: Decimal | Iterable[Hold
            burn_per_s: Decimal) -> Budget:
     """Every figure of a budget from credits, charged, holds (or their sum) and burn."""
     held = reserved if isinstance(reserved, Decimal) else reserved_of(reserved)
-    unspent = credits - charged
-    remaining = unspent - held
-    bp = 0 if credits <= 0 else max(0, min(10_000, int((remaining * 10_000) // credits)))
+    left = remaining(credits, charged, held)
+    bp = 0 if credits <= 0 else max(0, min(10_000, int((left * 10_000) // credits)))
     return Budget(credits=credits, charged=charged, reserved=held, burn_per_s=burn_per_s,
-                  unspent=unspent, remaining=remaining, free_to_reserve=max(ZERO, remaining),
-                  unlimited=burn_per_s <= 0, runway_s=_seconds(remaining, burn_per_s),
-                  money_runway_s=_seconds(unspent, burn_per_s), remaining_bp=bp)
+                  unspent=unspent(credits, charged), remaining=left,
+                  free_to_reserve=max(ZERO, left), unlimited=burn_per_s <= 0,
+                  runway_s=_seconds(left, burn_per_s),
+                  money_runway_s=_seconds(unspent(credits, charged), burn_per_s),
+                  remaining_bp=bp)

@@ -16,6 +16,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from kestrel.budget import budget
+from kestrel.budget import unspent as budget_unspent
 from kestrel.v1 import common_pb2, gateway_pb2, meter_pb2
 
 
@@ -124,7 +125,7 @@ class Runway:
     @property
     def unspent(self) -> Decimal:
         """credits - charged: the money not yet spent, reserved or not."""
-        return self.credits - self.charged
+        return budget_unspent(self.credits, self.charged)
 
     @classmethod
     def from_pb(cls, m: common_pb2.Runway) -> Runway:

@@ -85,7 +85,7 @@ class Budget:
 
     @property
     def remaining(self) -> Decimal:
-        return self.credits - self.charged - self.reserved
+        return budget.remaining(self.credits, self.charged, self.reserved)
 
     def plus(self, amount: Decimal) -> Budget:
         return Budget(self.credits, self.charged, self.pending + amount, self.started)

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
+from kestrel import budget
 from kestrel.jobs import JobRow, JobState
 from kestrel.money import fmt
 
@@ -62,7 +63,7 @@ class Money:
 
     @property
     def spent(self) -> bool:
-        return self.credits - self.charged <= 0
+        return budget.spent(self.credits, self.charged)
 
 
 @dataclass(frozen=True)

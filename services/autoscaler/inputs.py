@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
+from kestrel import budget
 from kestrel.endpoints import Priority, horizon_of, units_of
 from kestrel.v1 import common_pb2
 from kestrel.workloads import CPU_FLAVOR
@@ -79,7 +80,7 @@ def budget_for(runway: common_pb2.Runway | None, own_replicas: int, price: Decim
         return Decimal(0), 0.0
     free = Decimal(runway.free_to_reserve or runway.remaining or "0")
     remaining = free + own_replicas * price * horizon_s
-    unspent = Decimal(runway.credits or "0") - Decimal(runway.charged or "0")
+    unspent = budget.unspent(Decimal(runway.credits or "0"), Decimal(runway.charged or "0"))
     if unspent <= 0:
         return Decimal(0), 0.0
     burn = Decimal(runway.burn_per_s or "0")

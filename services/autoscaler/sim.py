@@ -30,6 +30,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from kestrel import budget as budgets
 from kestrel.budget import budget
 from kestrel.endpoints import Priority
 from services.autoscaler.core import (
@@ -213,7 +214,8 @@ def run(scenario: Scenario, seed: int, *, budget_aware: bool = True) -> dict[str
     for e in eps:  # start warm: the replicas the first second's load asks for, if affordable
         pol, tp = e.plan.policy, tenants[e.plan.tenant]
         wanted = min(pol.max_replicas, max(pol.floor, math.ceil(e.plan.load(0) / pol.replica_rps)))
-        free = tp.credits - tp.other_reserved if budget_aware else UNLIMITED
+        free = (budgets.remaining(tp.credits, Decimal(0), tp.other_reserved) if budget_aware
+                else UNLIMITED)
         affordable = affordable_replicas(free, e.plan.price, pol.horizon_s, wanted)
         e.requested = wanted if affordable is None else affordable
     _admit(eps, -COLD_START_S, scenario.cohort_replicas)  # the warm pool is up at t=0

@@ -18,6 +18,7 @@ from decimal import Decimal
 
 import grpc
 
+from kestrel import budget
 from kestrel.clock import now_us
 from kestrel.errors import AlreadyExists, FailedPrecondition, NotFound, Violations
 from kestrel.v1 import common_pb2, meter_pb2, meter_pb2_grpc
@@ -194,6 +195,6 @@ class Endpoints:
             return hit[1]
         runway = (await call(self.meter.GetRunway(
             meter_pb2.GetRunwayRequest(tenant=tenant), timeout=5))).runway
-        spent = Decimal(runway.credits or "0") - Decimal(runway.charged or "0") <= 0
+        spent = budget.spent(Decimal(runway.credits or "0"), Decimal(runway.charged or "0"))
         self._spent[tenant] = (time.monotonic(), spent)
         return spent

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kestrel.budget import Hold, budget
+from kestrel.budget import Hold, budget, remaining, spent, unspent
 
 D = Decimal
 
@@ -65,3 +65,19 @@ def test_money_lasts_at_least_as_long_as_the_unreserved_part(
     assert 0 <= b.remaining_bp <= 10_000
     if burn > 0 and b.remaining > 0:
         assert b.runway_s == pytest.approx(float(b.remaining / burn))
+
+
+money = st.decimals(min_value=-10**6, max_value=10**6, places=9, allow_nan=False,
+                    allow_infinity=False)
+
+
+@given(money, money, money)
+def test_the_single_figures_other_services_read_are_the_budgets_own(
+        credits: Decimal, charged: Decimal, reserved: Decimal) -> None:
+    """The runway check's `spent`, the gateway's and the autoscaler's `unspent`, and
+    admission's `remaining` are the same figures budget() reports."""
+    b = budget(credits, charged, reserved, Decimal(1))
+    assert unspent(credits, charged) == b.unspent
+    assert remaining(credits, charged, reserved) == b.remaining
+    assert spent(credits, charged) is (b.unspent <= 0)
+    assert spent(credits, charged) is (b.money_runway_s == 0)
