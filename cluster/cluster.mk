@@ -1,6 +1,6 @@
 # Data plane targets (issue 3). Included by the top-level Makefile, which defines
 # PY (the project python, .venv/bin/python). Everything lives under cluster/ and
-# kestrel/cluster.py; build output is cached in ~/.cache/kestrel (never in the repo).
+# kestrel/cluster/; build output is cached in ~/.cache/kestrel (never in the repo).
 CLUSTER_DIR := $(dir $(lastword $(MAKEFILE_LIST)))
 PY ?= .venv/bin/python
 CLUSTER_CHECK_JOBS ?= 500

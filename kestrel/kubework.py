@@ -4,7 +4,7 @@ Shared by the services, the e2e tests, bench/cluster_check.py and the demo: the 
 a tenant submits to Kueue (a GPU Job for the simulated pool, a CPU Job for the real
 kubelet node, a tenant's ClusterQueue and LocalQueue), Kueue's verdict read back
 (Workload conditions), and the GPU-seconds Kubernetes itself recorded per Job (what the
-ledger must equal). Split from kestrel/cluster.py, which brings the cluster up and down.
+ledger must equal). Split from kestrel.cluster, which brings the cluster up and down.
 
 Like kestrel.cluster, this module imports only the standard library at import time;
 functions that talk to the apiserver take a kubernetes ApiClient or make one with
@@ -21,7 +21,10 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
-from kestrel.cluster import NODE_NAME, ClusterError, api_client, kestrel_image, wait_until
+from kestrel.cluster.node import kestrel_image
+from kestrel.cluster.paths import NODE_NAME, ClusterError
+from kestrel.cluster.plane import api_client
+from kestrel.cluster.processes import wait_until
 from kestrel.workloads import (
     CPU_FLAVOR,
     KWOK_DURATION_ANNOTATION,

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from kestrel import bus, runway
 from kestrel.clock import now_us
-from kestrel.cluster import PATHS as CLUSTER_PATHS
+from kestrel.cluster.paths import PATHS as CLUSTER_PATHS
 from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter
 
 from kestrel import bus, runway
-from kestrel import cluster as kc
+from kestrel.cluster.paths import GPU_FLAVORS, PATHS
 from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
@@ -47,14 +47,14 @@ class PlacerConfig:
     @classmethod
     def from_env(cls) -> PlacerConfig:
         flavors = tuple(f.strip() for f in env_str("KESTREL_PLACER_FLAVORS",
-                                                   ",".join(kc.GPU_FLAVORS)).split(",")
+                                                   ",".join(GPU_FLAVORS)).split(",")
                         if f.strip())
         return cls(
             endpoints=Endpoints.from_env("placer"),
             host=env_str("KESTREL_BIND_HOST", "127.0.0.1"),
             grpc_port=env_int("KESTREL_PLACER_PORT", 50054),
             metrics_port=env_int("KESTREL_PLACER_METRICS_PORT", 9154),
-            kubeconfig=env_str("KESTREL_KUBECONFIG", str(kc.PATHS.kubeconfig)),
+            kubeconfig=env_str("KESTREL_KUBECONFIG", str(PATHS.kubeconfig)),
             settings=PlacerSettings(
                 flavors=flavors,
                 runway_check=env_str("KESTREL_RUNWAY_CHECK", "kestrel-runway"),

@@ -24,8 +24,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from kestrel import cluster as kc
 from kestrel.clock import Clock, now_us
+from kestrel.cluster.node import kestrel_image
 from kestrel.errors import FailedPrecondition, Unavailable
 from kestrel.v1 import placer_pb2
 from kestrel.workloads import CPU_FLAVOR, TENANT_LABEL
@@ -235,7 +235,7 @@ class Placer:
         chosen = self.placement(job, profile)
         worker = None
         if job.endpoint_id:
-            image = self.settings.worker_image or await asyncio.to_thread(kc.kestrel_image)
+            image = self.settings.worker_image or await asyncio.to_thread(kestrel_image)
             worker = manifests.Worker(job.endpoint_id, image, self.settings.worker_redis_url)
         plan = manifests.JobPlan(job.job_id, job.tenant, job.name, job.gpus, job.max_duration_s,
                                  job.sim_duration_s, chosen.flavor, chosen.reason, job.labels,

@@ -28,7 +28,7 @@ def rw(tenant: str, seq: int, as_of_us: int, remaining: str = "1") -> common_pb2
     pytest.param(None, rw("", 5, 100), False, id="a figure without a tenant is dropped"),
 ])
 def test_take(held: common_pb2.Runway | None, heard: common_pb2.Runway, taken: bool) -> None:
-    runways, told = Runways(), []
+    runways, told = Runways(), list[common_pb2.Runway]()
     if held is not None:
         runways.take(held)
     runways.listen(told.append)
@@ -39,7 +39,7 @@ def test_take(held: common_pb2.Runway | None, heard: common_pb2.Runway, taken: b
 
 
 def test_tenants_are_kept_apart_and_every_listener_hears_each_figure() -> None:
-    runways, first, second = Runways(), [], []
+    runways, first, second = Runways(), list[str](), list[str]()
     runways.listen(lambda r: first.append(r.tenant))
     runways.listen(lambda r: second.append(r.tenant))
     runways.take(rw("acme", 9, 1))
@@ -50,7 +50,7 @@ def test_tenants_are_kept_apart_and_every_listener_hears_each_figure() -> None:
 
 
 def test_a_listener_that_fails_neither_stops_the_others_nor_loses_the_figure() -> None:
-    runways, told = Runways(), []
+    runways, told = Runways(), list[common_pb2.Runway]()
 
     def broken(_: common_pb2.Runway) -> None:
         raise RuntimeError("boom")

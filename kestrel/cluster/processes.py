@@ -1,0 +1,175 @@
+"""Running processes: commands, kubectl, waiting with backoff, pid files and /proc,
+daemons started in sessions of their own, and the lock that serialises up/down."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from kestrel.cluster.paths import NODE, PATHS, ClusterError, Progress, binary_paths
+
+
+def wait_until(
+    what: str,
+    check: Callable[[], bool],
+    timeout_s: float,
+    progress: Progress | None = None,
+    interval_s: float = 0.25,
+    max_interval_s: float = 2.0,
+) -> None:
+    """Poll ``check`` (with backoff) until it is true; raise ClusterError on timeout."""
+    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    announced = False
+    while True:
+        if check():
+            if announced and progress:
+                progress(f"  {what}: ready after {time.monotonic() - started:.1f}s")
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        if not announced and progress and time.monotonic() - started > 2:
+            progress(f"  waiting for {what} ...")
+            announced = True
+        time.sleep(interval_s)
+        interval_s = min(interval_s * 1.5, max_interval_s)
+
+
+def _run(
+    cmd: Sequence[str | Path],
+    *,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float | None = 120,
+    input_text: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [str(c) for c in cmd],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=input_text,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise ClusterError(
+            f"command failed ({proc.returncode}): {' '.join(str(c) for c in cmd)}\n"
+            f"{proc.stdout[-4000:]}{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def kubectl(
+    *args: str, check: bool = True, timeout: float | None = 120, input_text: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the pinned kubectl against the cluster's kubeconfig."""
+    kubectl_bin = binary_paths()["kubectl"]
+    return _run(
+        [kubectl_bin, "--kubeconfig", str(PATHS.kubeconfig), *args],
+        check=check,
+        timeout=timeout,
+        input_text=input_text,
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is not alive
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def _pid_dead(pid: int) -> bool:
+    return not _pid_alive(pid)
+
+
+def _proc_cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [p.decode(errors="replace") for p in raw.split(b"\0") if p]
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+@contextlib.contextmanager
+def _state_lock() -> Iterator[None]:
+    """Serialise up/down across processes (parallel test sessions, CLI)."""
+    PATHS.state.mkdir(parents=True, exist_ok=True)
+    with open(PATHS.lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _start_daemon(component: str, cmd: list[str], env: dict[str, str] | None = None) -> int:
+    NODE.root.mkdir(parents=True, exist_ok=True)
+    PATHS.logs.mkdir(parents=True, exist_ok=True)
+    with open(NODE.log(component), "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, env=env or dict(os.environ),
+                                cwd=str(NODE.root), start_new_session=True)  # fmt: skip
+    NODE.pidfile(component).write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def _stop_pid(pid: int, what: str, progress: Progress, grace_s: float = 15) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    with contextlib.suppress(ClusterError):
+        wait_until(f"{what} to exit", functools.partial(_pid_dead, pid), grace_s)
+    if _pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ClusterError):
+            wait_until(f"{what} to be killed", functools.partial(_pid_dead, pid), 10)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+    progress(f"  {what} (pid {pid}) stopped")
+
+
+def _spawn(spec: dict[str, Any], log_path: Path,
+           prefix: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """Start a component from its kwok.yaml entry (binary, args, envs, workDir), its
+    output appended to log_path, in a session of its own; `prefix` runs before it."""
+    env = {**os.environ, **{e["name"]: e.get("value", "") for e in spec.get("envs") or []}}
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [*prefix, str(spec["binary"]), *[str(a) for a in spec.get("args", [])]],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            cwd=spec.get("workDir") or str(PATHS.kwok_cluster), start_new_session=True)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
