@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kestrel import natsauth
+from kestrel.cluster.processes import pid_alive
 from kestrel.pgroles import (
     LOGIN_ROLES,
     OWNER_ROLE,
@@ -181,20 +182,6 @@ def _tcp_open(port: int) -> bool:
         return True
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of ours counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
-
-
 def _run_as_pg() -> dict[str, object]:
     if os.geteuid() != 0:
         return {}
@@ -307,7 +294,7 @@ class Stack:
     # --- lifecycle -----------------------------------------------------------
 
     def status(self) -> dict[str, bool]:
-        return {name: _pid_alive(pid) for name, pid in self.pids.items()}
+        return {name: pid_alive(pid) for name, pid in self.pids.items()}
 
     def up(self, timeout_s: float = 60.0) -> dict[str, str]:
         """Start whatever is not running; idempotent. Returns, per component, one line
@@ -333,14 +320,14 @@ class Stack:
         """Stop every process cleanly (SIGTERM/SIGINT, then SIGKILL after timeout)."""
         sigs = {"postgres": signal.SIGINT, "nats": signal.SIGTERM, "redis": signal.SIGTERM}
         for name, pid in self.pids.items():
-            if _pid_alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, sigs.get(name, signal.SIGTERM))
         deadline = time.monotonic() + timeout_s
         for name, pid in list(self.pids.items()):
-            while _pid_alive(pid) and time.monotonic() < deadline:
+            while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
                 self._reap(pid)
-            if _pid_alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
             self._reap(pid)
             del self.pids[name]

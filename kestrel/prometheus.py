@@ -36,7 +36,8 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # PyYAML, with the kubernetes client
 
-from kestrel.devstack import HOST, StackError, _pid_alive, _wait, free_port
+from kestrel.cluster.processes import pid_alive
+from kestrel.devstack import HOST, StackError, _wait, free_port
 from kestrel.procs import REPO
 
 DEPLOY = REPO / "deploy" / "prometheus"
@@ -208,7 +209,7 @@ class Prometheus:
         self.state_file.write_text(json.dumps({"port": self.port, "pid": self.pid}))
 
     def running(self) -> bool:
-        return bool(self.pid) and _pid_alive(self.pid)
+        return bool(self.pid) and pid_alive(self.pid)
 
     def ready(self) -> bool:
         try:

@@ -20,7 +20,7 @@ from kestrel.cluster.paths import (
     SIMULATED_NODE_SELECTOR,
     binary_paths,
 )
-from kestrel.cluster.processes import _pid_alive, _proc_cmdline, _rss_kib, kubectl
+from kestrel.cluster.processes import _proc_cmdline, _rss_kib, kubectl, pid_alive
 
 
 def apiserver_ready() -> bool:
@@ -39,7 +39,7 @@ def kueue_pid() -> int | None:
         pid = int(PATHS.kueue_pidfile.read_text().strip())
     except (OSError, ValueError):
         return None
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return None
     cmd = _proc_cmdline(pid)
     if not cmd or "kueue" not in Path(cmd[0]).name:
@@ -81,7 +81,7 @@ def process_health() -> list[ProcessHealth]:
             # a stale pid file (e.g. after a reboot) may name an unrelated process
             alive = (
                 pid is not None
-                and _pid_alive(pid)
+                and pid_alive(pid)
                 and Path((_proc_cmdline(pid) or [""])[0]).name == pidfile.stem
             )
             rss = _rss_kib(pid) / 1024 if alive and pid is not None else 0.0
@@ -121,7 +121,7 @@ def _component_pid(component: str, exe_name: str) -> int | None:
         pid = int(NODE.pidfile(component).read_text().strip())
     except (OSError, ValueError):
         return None
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return None
     cmd = _proc_cmdline(pid)
     if not cmd or Path(cmd[0]).name != exe_name:

@@ -24,7 +24,7 @@ from kestrel.cluster.paths import (
     kueue_crd_dir,
     read_versions,
 )
-from kestrel.cluster.processes import _pid_alive, _proc_cmdline, _run, kubectl, wait_until
+from kestrel.cluster.processes import _proc_cmdline, _run, kubectl, pid_alive, wait_until
 
 
 def _write_kueue_config() -> Path:
@@ -151,10 +151,10 @@ def _stop_kueue(progress: Progress) -> None:
         return
     os.kill(pid, signal.SIGTERM)
     with contextlib.suppress(ClusterError):
-        wait_until("kueue to exit", lambda: not _pid_alive(pid), 20)
-    if _pid_alive(pid):
+        wait_until("kueue to exit", lambda: not pid_alive(pid), 20)
+    if pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
-        wait_until("kueue to be killed", lambda: not _pid_alive(pid), 10)
+        wait_until("kueue to be killed", lambda: not pid_alive(pid), 10)
     # reap it if it was our child (same Python process started it)
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)

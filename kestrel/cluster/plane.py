@@ -55,7 +55,6 @@ from kestrel.cluster.paths import (
     read_versions,
 )
 from kestrel.cluster.processes import (
-    _pid_alive,
     _pid_dead,
     _proc_cmdline,
     _run,
@@ -64,6 +63,7 @@ from kestrel.cluster.processes import (
     _stop_pid,
     _tail,
     kubectl,
+    pid_alive,
     wait_until,
 )
 
@@ -220,7 +220,7 @@ def apiserver_replica_pid() -> int | None:
         pid = int(_replica_pid_file().read_text().strip())
     except (OSError, ValueError):
         return None
-    alive = _pid_alive(pid) and Path((_proc_cmdline(pid) or [""])[0]).name == "kube-apiserver"
+    alive = pid_alive(pid) and Path((_proc_cmdline(pid) or [""])[0]).name == "kube-apiserver"
     return pid if alive else None
 
 
@@ -393,14 +393,14 @@ def _down_locked(progress: Progress) -> None:
     # by the pids it recorded and only if they still run our component binaries.
     for comp in components:
         pid = comp.pid
-        if pid is None or not _pid_alive(pid):
+        if pid is None or not pid_alive(pid):
             continue
         if Path((_proc_cmdline(pid) or [""])[0]).name != comp.component:
             continue
         os.kill(pid, signal.SIGTERM)
         with contextlib.suppress(ClusterError):
             wait_until(f"{comp.component} to exit", functools.partial(_pid_dead, pid), 15)
-        if _pid_alive(pid):
+        if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
         progress(f"  stopped leftover {comp.component} (pid {pid})")
     shutil.rmtree(PATHS.kwok_cluster, ignore_errors=True)

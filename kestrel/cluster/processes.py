@@ -81,23 +81,23 @@ def kubectl(
     )
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (one that exited between the signal and
+    the read of its stat counts as gone). Shared with kestrel.devstack."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    # a zombie is not alive
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _pid_dead(pid: int) -> bool:
-    return not _pid_alive(pid)
+    return not pid_alive(pid)
 
 
 def _proc_cmdline(pid: int) -> list[str]:
@@ -146,7 +146,7 @@ def _stop_pid(pid: int, what: str, progress: Progress, grace_s: float = 15) -> N
         os.kill(pid, signal.SIGTERM)
     with contextlib.suppress(ClusterError):
         wait_until(f"{what} to exit", functools.partial(_pid_dead, pid), grace_s)
-    if _pid_alive(pid):
+    if pid_alive(pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ClusterError):
