@@ -1,17 +1,16 @@
 """Transport: kestrel.v1.Gateway. Each RPC checks who calls (callers.py: the operator
-token, or a tenant key and its rate limit), validates, calls a collaborator (its store,
-endpoints.py, admission, the meter, the placer; upstream.py maps their failures) and
-converts back. Errors are mapped once, by map_errors."""
+token, or a tenant key and its rate limit), validates, calls the core (core.py: tenants
+and jobs across services; endpoints.py: endpoints) or reads (the meter's runway and
+usage; upstream.py maps backend failures) and converts back. Errors are mapped once,
+by map_errors."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import replace
 from typing import Any, TypeAlias
 
 import grpc
@@ -21,7 +20,6 @@ from nats.aio.msg import Msg
 from kestrel import bus
 from kestrel.clock import now_us
 from kestrel.errors import (
-    AlreadyExists,
     FailedPrecondition,
     NotFound,
     Unavailable,
@@ -32,7 +30,6 @@ from kestrel.jobs import JobRow, JobState, job_to_wire
 from kestrel.money import MoneyError, parse_amount
 from kestrel.paging import after_int, after_str, encode_token
 from kestrel.v1 import (
-    admission_pb2,
     admission_pb2_grpc,
     common_pb2,
     events_pb2,
@@ -40,11 +37,11 @@ from kestrel.v1 import (
     gateway_pb2_grpc,
     meter_pb2,
     meter_pb2_grpc,
-    placer_pb2,
     placer_pb2_grpc,
 )
 from services.gateway import auth
 from services.gateway.callers import Callers
+from services.gateway.core import Gateway, ProfileChange
 from services.gateway.endpoint_checks import (
     check_endpoint_id,
     check_endpoint_spec,
@@ -97,12 +94,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                                    Replicas(admission, placer), meter, infer_backend,
                                    placed=placer is not None)
         self.store = store
-        self.admission = admission
         self.meter = meter
         self.nc = nc
         self.max_node_gpus = max_node_gpus
         self.callers = Callers(store, limiter, operator_token_hash)
-        self._flavors: tuple[float, set[str]] = (0.0, set())
+        self.core = Gateway(store, admission, meter, placer, self.callers.forget)
 
     # --- callers -------------------------------------------------------------
 
@@ -113,67 +109,28 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         """The calling tenant (its key checked, one token of its rate limit spent)."""
         return await self.callers.tenant(context.invocation_metadata())
 
-    def _forget(self, tenant: str) -> None:
-        self.callers.forget(tenant)
-
-    async def _flavor_names(self) -> set[str]:
-        at, names = self._flavors
-        if time.monotonic() - at > 10 or not names:
-            names = await self.store.flavors()
-            self._flavors = (time.monotonic(), names)
-        return names
-
-    async def _ensure_queues(self, p: Profile) -> None:
-        """Ask the placer for the tenant's namespace and queues now. Best effort: the
-        placer also ensures them before a tenant's first Job and follows profile changes."""
-        if self.placer is None:
-            return
-        try:
-            await self.placer.EnsureTenant(placer_pb2.EnsureTenantRequest(
-                tenant=p.tenant, quota=[
-                    placer_pb2.FlavorQuota(flavor=f, gpus=p.gpu_quota.get(f, 0),
-                                           borrow_gpus=p.gpu_borrow.get(f, 0))
-                    for f in sorted(set(p.gpu_quota) | set(p.gpu_borrow))]), timeout=10)
-        except grpc.aio.AioRpcError as err:
-            log.warning("placer EnsureTenant(%s): %s %s", p.tenant, err.code().name,
-                        err.details())
-
     # --- operator: tenants and keys -----------------------------------------
 
     async def CreateTenant(self, request: gateway_pb2.CreateTenantRequest,
                            context: Ctx) -> gateway_pb2.CreateTenantResponse:
         self._operator(context)
         v = Violations()
-        check_tenant(v, request.tenant, await self._flavor_names())
+        check_tenant(v, request.tenant, await self.core.flavor_names())
         check_amount(v, "initial_credits", request.initial_credits, optional=True)
         v.raise_if_any()
         t = request.tenant
         rate = t.rate_limit if t.HasField("rate_limit") else None
-        profile = Profile(t.tenant, t.display_name, dict(t.gpu_quota),
-                          rate.per_s if rate else DEFAULT_RATE,
-                          rate.burst if rate else DEFAULT_BURST, False, now_us(),
-                          dict(t.gpu_borrow))
-        if await self.store.profile(t.tenant) is not None:
-            raise AlreadyExists(f"tenant {t.tenant!r} exists")
-        account = await call(self.meter.CreateAccount(meter_pb2.CreateAccountRequest(
-            tenant=t.tenant, initial_credits=request.initial_credits), timeout=10))
-        if not await self.store.insert_profile(profile):
-            raise AlreadyExists(f"tenant {t.tenant!r} exists")
-        self._forget(t.tenant)
-        await self._ensure_queues(profile)
-        return gateway_pb2.CreateTenantResponse(tenant=_tenant_wire(profile),
-                                                runway=account.runway)
-
-    async def _existing(self, tenant: str) -> Profile:
-        p = await self.store.profile(tenant)
-        if p is None:
-            raise NotFound(f"tenant {tenant!r} does not exist")
-        return p
+        profile, runway = await self.core.create_tenant(
+            Profile(t.tenant, t.display_name, dict(t.gpu_quota),
+                    rate.per_s if rate else DEFAULT_RATE, rate.burst if rate else DEFAULT_BURST,
+                    False, now_us(), dict(t.gpu_borrow)),
+            request.initial_credits)
+        return gateway_pb2.CreateTenantResponse(tenant=_tenant_wire(profile), runway=runway)
 
     async def GetTenant(self, request: gateway_pb2.GetTenantRequest,
                         context: Ctx) -> gateway_pb2.GetTenantResponse:
         self._operator(context)
-        p = await self._existing(request.tenant)
+        p = await self.core.existing(request.tenant)
         runway = await call(self.meter.GetRunway(meter_pb2.GetRunwayRequest(tenant=p.tenant),
                                                   timeout=10))
         return gateway_pb2.GetTenantResponse(tenant=_tenant_wire(p), runway=runway.runway)
@@ -193,30 +150,20 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def SuspendTenant(self, request: gateway_pb2.SuspendTenantRequest,
                             context: Ctx) -> gateway_pb2.SuspendTenantResponse:
         self._operator(context)
-        p = await self._existing(request.tenant)
-        updated = await self.store.update_profile(replace(p, suspended=request.suspended))
-        assert updated is not None
-        self._forget(p.tenant)
+        updated = await self.core.suspend_tenant(request.tenant, request.suspended)
         return gateway_pb2.SuspendTenantResponse(tenant=_tenant_wire(updated))
 
     async def UpdateTenant(self, request: gateway_pb2.UpdateTenantRequest,
                            context: Ctx) -> gateway_pb2.UpdateTenantResponse:
         self._operator(context)
         v = Violations()
-        check_tenant(v, request.tenant, await self._flavor_names())
+        check_tenant(v, request.tenant, await self.core.flavor_names())
         v.raise_if_any()
-        p = await self._existing(request.tenant.tenant)
         t = request.tenant
         rate = t.rate_limit if t.HasField("rate_limit") else None
-        updated = await self.store.update_profile(replace(
-            p, display_name=t.display_name or p.display_name,
-            gpu_quota=dict(t.gpu_quota) or p.gpu_quota,
-            gpu_borrow={**p.gpu_borrow, **t.gpu_borrow} if t.gpu_borrow else p.gpu_borrow,
-            rate_per_s=rate.per_s if rate else p.rate_per_s,
-            burst=rate.burst if rate else p.burst))
-        assert updated is not None
-        self._forget(p.tenant)
-        await self._ensure_queues(updated)
+        updated = await self.core.update_tenant(t.tenant, ProfileChange(
+            t.display_name, dict(t.gpu_quota), dict(t.gpu_borrow),
+            (rate.per_s, rate.burst) if rate else None))
         return gateway_pb2.UpdateTenantResponse(tenant=_tenant_wire(updated))
 
     async def CreateApiKey(self, request: gateway_pb2.CreateApiKeyRequest,
@@ -228,7 +175,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         if not request.name or not printable(request.name, 100):
             v.add("name", "is required: at most 100 printable characters")
         v.raise_if_any()
-        await self._existing(request.tenant)
+        await self.core.existing(request.tenant)
         new = auth.new_key()
         row = KeyRow(new.key_id, request.tenant, request.name, new.secret_hash, now_us(), 0)
         await self.store.insert_key(row)
@@ -251,7 +198,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             v.add("tenant", problem)
         check_amount(v, "amount", request.amount, optional=False)
         v.raise_if_any()
-        await self._existing(request.tenant)
+        await self.core.existing(request.tenant)
         resp = await call(self.meter.TopUp(meter_pb2.TopUpRequest(
             tenant=request.tenant, amount=request.amount, top_up_id=request.top_up_id,
             note=request.note), timeout=10))
@@ -271,7 +218,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             v.add("note", "is required (why the budget changes): at most 500 printable "
                           "characters")
         v.raise_if_any()
-        await self._existing(request.tenant)
+        await self.core.existing(request.tenant)
         resp = await call(self.meter.Adjust(meter_pb2.AdjustRequest(
             tenant=request.tenant, amount=request.amount, adjust_id=request.adjust_id,
             note=request.note), timeout=10))
@@ -282,7 +229,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def SubmitJob(self, request: gateway_pb2.SubmitJobRequest,
                         context: Ctx) -> gateway_pb2.SubmitJobResponse:
         tenant = await self._tenant(context)
-        check_submit(request, await self._flavor_names(), self.max_node_gpus)
+        check_submit(request, await self.core.flavor_names(), self.max_node_gpus)
         if tenant.suspended:
             raise FailedPrecondition(f"tenant {tenant.tenant!r} is suspended")
         job = common_pb2.Job(job_id=f"job-{uuid.uuid4().hex[:16]}", tenant=tenant.tenant,
@@ -290,19 +237,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                              created_us=now_us())
         remaining = context.time_remaining()
         timeout = min(10.0, remaining) if remaining is not None else 10.0
-        resp = await call(self.admission.Admit(admission_pb2.AdmitRequest(job=job),
-                                                timeout=timeout))
-        return gateway_pb2.SubmitJobResponse(job=resp.job)
+        return gateway_pb2.SubmitJobResponse(job=await self.core.submit(job, timeout))
 
     async def _job(self, tenant: str, job_id: str) -> JobRow:
         if not JOB_ID_RE.match(job_id):
             v = Violations()
             v.add("job_id", "must look like job-<16 hex digits>")
             v.raise_if_any()
-        row = await self.store.job(tenant, job_id)
-        if row is None:  # another tenant's job is simply not there
-            raise NotFound(f"job {job_id} not found")
-        return row
+        return await self.core.job(tenant, job_id)
 
     async def GetJob(self, request: gateway_pb2.GetJobRequest,
                      context: Ctx) -> gateway_pb2.GetJobResponse:
@@ -343,24 +285,14 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def CancelJob(self, request: gateway_pb2.CancelJobRequest,
                         context: Ctx) -> gateway_pb2.CancelJobResponse:
         tenant = await self._tenant(context)
-        await self._job(tenant.tenant, request.job_id)
+        v = Violations()
+        if not JOB_ID_RE.match(request.job_id):
+            v.add("job_id", "must look like job-<16 hex digits>")
         if not printable(request.reason, 200):
-            v = Violations()
             v.add("reason", "must be at most 200 printable characters")
-            v.raise_if_any()
-        resp = await call(self.admission.Release(admission_pb2.ReleaseRequest(
-            tenant=tenant.tenant, job_id=request.job_id, reason=request.reason), timeout=10))
-        if self.placer is not None:
-            # Delete the Kubernetes Job: its allocation ends at this instant. Should the
-            # placer be away, the runway check rejects the cancelled job's Workload and
-            # Kueue deactivates it, which closes the allocation too.
-            try:
-                await self.placer.CancelWorkload(placer_pb2.CancelWorkloadRequest(
-                    tenant=tenant.tenant, workload_id=request.job_id,
-                    reason=request.reason or "cancelled by the tenant"), timeout=10)
-            except grpc.aio.AioRpcError as err:
-                log.warning("placer CancelWorkload(%s): %s", request.job_id, err.code().name)
-        return gateway_pb2.CancelJobResponse(job=resp.job)
+        v.raise_if_any()
+        return gateway_pb2.CancelJobResponse(
+            job=await self.core.cancel(tenant.tenant, request.job_id, request.reason))
 
     async def WatchJob(self, request: gateway_pb2.WatchJobRequest,
                        context: Ctx) -> AsyncIterator[gateway_pb2.WatchJobResponse]:
@@ -444,7 +376,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                              context: Ctx) -> gateway_pb2.CreateEndpointResponse:
         tenant = await self._tenant(context)
         v = Violations()
-        check_endpoint_spec(v, request.spec, await self._flavor_names(), self.max_node_gpus)
+        check_endpoint_spec(v, request.spec, await self.core.flavor_names(), self.max_node_gpus)
         v.raise_if_any()
         if tenant.suspended:
             raise FailedPrecondition(f"tenant {tenant.tenant!r} is suspended")
