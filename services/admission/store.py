@@ -1,5 +1,7 @@
-"""Admission's Postgres adapter. Writes jobs, job_transitions and reservations
-(admission is their one writer); reads what the meter and the gateway publish for it,
+"""Admission's Postgres adapter. Writes jobs, job_transitions and the budget holds
+(reservations, reservation_releases; open_reservations follows them by trigger):
+admission is their one writer and their schema is in its migrations. Reads what the
+meter and the gateway publish for it,
 never their tables: the meter's meter_budget() and current_prices, the gateway's
 tenant_policies, a decision's figures in one statement so it sees one snapshot."""
 

@@ -71,6 +71,7 @@ class UsagePage:
 class MeterStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
+        self._holds_known = False  # admission's open_holds view exists
 
     async def migrate(self) -> list[str]:
         async with self.pool.acquire() as conn:
@@ -112,14 +113,19 @@ class MeterStore:
         summed only for the running ones: a tenant with a thousand queued jobs costs a
         thousand additions here, not a thousand ledger scans on every refresh. A rolling
         reservation (an endpoint replica's) holds its whole amount while it runs. Read from
-        open_reservations (migration 0008), so the cost follows what is open now rather
-        than every reservation the tenant ever made."""
+        admission's `open_holds` view (admission migration 0004), so the cost follows what
+        is open now rather than every reservation the tenant ever made. Before admission
+        has made its schema there is no hold anywhere: every tenant holds nothing."""
+        if not self._holds_known:
+            if not await self.pool.fetchval("SELECT to_regclass('open_holds') IS NOT NULL"):
+                return dict.fromkeys(tenants, ZERO)
+            self._holds_known = True
         rows = await self.pool.fetch("""
             SELECT r.tenant, sum(CASE WHEN a.workload_id IS NULL OR r.rolling THEN r.amount
                 ELSE greatest(r.amount - coalesce((SELECT sum(l.cost) FROM ledger l
                                                    WHERE l.workload_id = r.workload_id), 0),
                               0) END) AS held
-            FROM open_reservations r
+            FROM open_holds r
             LEFT JOIN allocations a ON a.workload_id = r.workload_id
             WHERE r.tenant = ANY($1::text[]) AND (a.status IS NULL OR a.status <> $2)
             GROUP BY r.tenant""", list(tenants), AllocStatus.CLOSED.value)

@@ -128,7 +128,7 @@ class Placer:
         self.runways: dict[str, RunwayView] = {}
         self.prices: dict[str, Decimal] = {}
         self.tenants: dict[str, TenantQuota] = {}  # as applied to Kubernetes
-        # As last read from tenant_profiles: a change there is applied by refresh();
+        # As last read from tenant_policies: a change there is applied by refresh();
         # an explicit EnsureTenant quota stands until the profile changes.
         self.profiles_seen: dict[str, TenantQuota] = {}
         self.tenant_locks: dict[str, asyncio.Lock] = {}

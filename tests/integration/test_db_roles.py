@@ -183,12 +183,12 @@ async def test_only_the_meters_role_writes_the_ledger_and_credits(
 
 # What each service reads of another's tables: only what the owner publishes for it
 # (meter 0009: meter_budget(), current_prices; gateway 0006: tenant_policies;
-# admission 0003: job_status).
+# admission 0003: job_status; admission 0004: open_holds for the meter).
 READS = {
     "admission": ["meter_budget", "current_prices", "tenant_policies"],
     "placer": ["current_prices", "tenant_policies", "job_status"],
     "gateway": ["current_prices", "tenant_policies", "job_status"],
-    "meter": ["current_prices"],
+    "meter": ["current_prices", "open_holds"],
 }
 PUBLISHED = {  # what each answers over the fixture: one ledger row, 1 GPU-s at 0.001
     "meter_budget": ("SELECT charged FROM meter_budget('acme', 0, '{w1}', true)",
@@ -197,14 +197,16 @@ PUBLISHED = {  # what each answers over the fixture: one ledger row, 1 GPU-s at 
                        "WHERE flavor = 'gpu-h100'", Decimal("0.001")),
     "tenant_policies": ("SELECT count(*) FROM tenant_policies", 0),
     "job_status": ("SELECT count(*) FROM job_status", 0),
+    "open_holds": ("SELECT count(*) FROM open_holds", 0),
 }
 OTHERS_TABLES = {
     "admission": ["ledger", "credits", "allocations", "prices", "tenant_profiles"],
     "placer": ["ledger", "credits", "allocations", "prices", "tenant_profiles",
-               "reservations", "jobs", "job_transitions"],
-    "gateway": ["ledger", "credits", "allocations", "prices", "reservations", "jobs",
-                "job_transitions"],
-    "meter": ["jobs", "job_transitions", "tenant_profiles"],
+               "reservations", "open_reservations", "jobs", "job_transitions"],
+    "gateway": ["ledger", "credits", "allocations", "prices", "reservations",
+                "open_reservations", "jobs", "job_transitions"],
+    "meter": ["jobs", "job_transitions", "tenant_profiles", "reservations",
+              "reservation_releases", "open_reservations"],
 }
 
 
@@ -262,6 +264,27 @@ async def test_a_superuser_can_still_delete_in_replica_mode_and_leaves_a_gap(
         await conn.close()
 
 
+# The budget holds as meter migration 0001 created them until admission's 0004 took
+# them over (the append-only triggers included).
+OLD_HOLDS_SQL = """
+CREATE TABLE reservations (
+  reservation_id  text PRIMARY KEY,
+  tenant          text NOT NULL,
+  workload_id     text NOT NULL,
+  amount          numeric(30, 9) NOT NULL CHECK (amount >= 0),
+  created_us      bigint NOT NULL);
+CREATE INDEX reservations_tenant ON reservations (tenant);
+CREATE TABLE reservation_releases (
+  reservation_id  text PRIMARY KEY REFERENCES reservations,
+  reason          text NOT NULL,
+  released_us     bigint NOT NULL);
+CREATE TRIGGER reservations_append_only BEFORE UPDATE OR DELETE ON reservations
+  FOR EACH ROW EXECUTE FUNCTION kestrel_reject_change();
+CREATE TRIGGER reservation_releases_append_only BEFORE UPDATE OR DELETE
+  ON reservation_releases FOR EACH ROW EXECUTE FUNCTION kestrel_reject_change();
+"""
+
+
 async def test_provisioning_adopts_a_database_the_superuser_migrated(
         stack: Stack, database: str, role_dsn: Callable[[str], str], tmp_path: Path) -> None:
     """A stack made before the roles: tables owned by the superuser. Adopted, the owner
@@ -276,7 +299,10 @@ async def test_provisioning_adopts_a_database_the_superuser_migrated(
         assert await su.fetchval(
             "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE relname = 'ledger'") \
             == "postgres"
-        # Holds made before open_reservations existed: 0008 starts it with the open one.
+        # Holds as the meter's migrations made them before admission owned them, made
+        # before open_reservations existed: admission 0004 adopts them and starts the
+        # projection with the open one.
+        await su.execute(OLD_HOLDS_SQL)
         await su.execute("""INSERT INTO reservations VALUES ('old-open', 'acme', 'w', 1, 0),
                                                             ('old-done', 'acme', 'v', 1, 0);
                             INSERT INTO reservation_releases VALUES ('old-done', 'x', 1)""")
@@ -289,8 +315,14 @@ async def test_provisioning_adopts_a_database_the_superuser_migrated(
         assert await migrate(owner, "meter", METER_MIGRATIONS) == [
             "0005_roles.sql", "0006_ledger_chain.sql", "0007_rolling_reservations.sql",
             "0008_open_reservations.sql", "0009_reads_for_others.sql"]
+        assert await migrate(owner, "admission", ADMISSION_MIGRATIONS) == [
+            "0001_jobs.sql", "0002_roles.sql", "0003_reads_for_others.sql",
+            "0004_budget_holds.sql"]
         assert await owner.fetchval("SELECT array_agg(reservation_id) FROM open_reservations") \
             == ["old-open"]
+        assert await owner.fetchval("SELECT array_agg(workload_id) FROM open_holds") == ["w"]
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):  # still append-only
+            await owner.execute("DELETE FROM reservations")
     finally:
         await owner.close()
     meter = await asyncpg.connect(role_dsn(SERVICE_ROLES["meter"]))

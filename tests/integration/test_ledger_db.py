@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kestrel.db import create_pool, migrate
 from kestrel.pgroles import OWNER_ROLE
+from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
 from services.meter.core import Meter, MeterSettings
 from services.meter.domain import Event, EventType, Reason, RunwayFigures
 from services.meter.store import MIGRATIONS, MeterStore
@@ -24,11 +25,12 @@ T0 = 1_700_000_000_000_000
 
 @pytest.fixture
 async def pool(database: str, role_dsn: Callable[[str], str]) -> AsyncIterator[asyncpg.Pool]:
-    """The superuser's pool over the meter's schema, migrated by its owner as in a
-    deployment."""
+    """The superuser's pool over the meter's schema and admission's (the budget holds
+    the meter reads), migrated by their owner as in a deployment."""
     owner = await asyncpg.connect(role_dsn(OWNER_ROLE))
     try:
         await migrate(owner, "meter", MIGRATIONS)
+        await migrate(owner, "admission", ADMISSION_MIGRATIONS)
     finally:
         await owner.close()
     p = await create_pool(database, max_size=4)

@@ -18,9 +18,12 @@ import pytest
 
 from kestrel import bus
 from kestrel.clock import now_us
+from kestrel.db import migrate
+from kestrel.pgroles import OWNER_ROLE
 from kestrel.procs import ServiceProcess
 from kestrel.sdk import AsyncClient, JobState, Runway
 from kestrel.v1 import common_pb2, events_pb2, meter_pb2, meter_pb2_grpc
+from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
 from tests.conftest import OPERATOR_TOKEN, Plane
 from tests.integration.helpers import eventually, publish_events, wev
 
@@ -43,7 +46,8 @@ async def runway(stub: meter_pb2_grpc.MeterStub) -> common_pb2.Runway:
 
 
 async def test_a_fully_reserved_budget_has_nothing_free_but_its_money_lasts(
-        stub: meter_pb2_grpc.MeterStub, database: str, clean_bus: str) -> None:
+        stub: meter_pb2_grpc.MeterStub, database: str, clean_bus: str,
+        role_dsn: Callable[[str], str]) -> None:
     await stub.CreateAccount(meter_pb2.CreateAccountRequest(tenant="acme",
                                                             initial_credits="10"))
     nc = await bus.connect(clean_bus, "test-runway-money")
@@ -55,7 +59,12 @@ async def test_a_fully_reserved_budget_has_nothing_free_but_its_money_lasts(
     await nc.subscribe("kestrel.runway.acme", cb=on_msg)
     await nc.flush()
 
-    # Admission's hold for the job: the whole budget.
+    # Admission's hold for the job: the whole budget (in admission's schema).
+    owner = await asyncpg.connect(role_dsn(OWNER_ROLE))
+    try:
+        await migrate(owner, "admission", ADMISSION_MIGRATIONS)
+    finally:
+        await owner.close()
     db = await asyncpg.connect(database)
     try:
         await db.execute("INSERT INTO reservations VALUES ('r-1', 'acme', 'job-1', $1, $2)",

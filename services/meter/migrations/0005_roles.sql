@@ -23,8 +23,7 @@ GRANT SELECT ON schema_migrations TO kestrel_meter, kestrel_admission, kestrel_g
   kestrel_placer, kestrel_reader;
 
 -- Reads: services still read each other's tables (a later change removes that).
-GRANT SELECT ON tenants, prices, credits, workload_events, allocations, ledger,
-  reservations, reservation_releases
+GRANT SELECT ON tenants, prices, credits, workload_events, allocations, ledger
   TO kestrel_meter, kestrel_admission, kestrel_gateway, kestrel_placer, kestrel_reader;
 
 -- The meter writes the ledger and its inputs: INSERT only, UPDATE only on its
@@ -34,5 +33,4 @@ GRANT INSERT, UPDATE ON allocations TO kestrel_meter;
 GRANT USAGE ON SEQUENCE prices_price_id_seq, credits_credit_id_seq, ledger_row_id_seq
   TO kestrel_meter;
 
--- Admission is the one writer of budget holds (tables of this file, written there).
-GRANT INSERT ON reservations, reservation_releases TO kestrel_admission;
+-- Admission is the one writer of budget holds: its migration 0004 grants them.

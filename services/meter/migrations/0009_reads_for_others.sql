@@ -37,5 +37,3 @@ GRANT SELECT ON current_prices
 
 REVOKE SELECT ON tenants, prices, credits, workload_events, allocations, ledger
   FROM kestrel_admission, kestrel_gateway, kestrel_placer;
--- Budget holds are admission's to write and read; nobody else reads them but the meter.
-REVOKE SELECT ON reservations, reservation_releases FROM kestrel_gateway, kestrel_placer;
