@@ -55,7 +55,11 @@ class _JobStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobState.Val
     JOB_STATE_QUEUED: _JobState.ValueType  # 3
     """Kubernetes Job created, waiting for Kueue quota."""
     JOB_STATE_RUNNING: _JobState.ValueType  # 4
-    """Quota reserved by Kueue and pods running: metered from here."""
+    """Admitted by Kueue: quota reserved and the Job unsuspended, so its pods are
+    created; metered from this instant. The name predates the distinction: Kestrel
+    does not wait for a pod to be Running (an image pull or a pending pod counts),
+    because the quota, and so the cost, is held from Kueue's admission on.
+    """
     JOB_STATE_SUCCEEDED: _JobState.ValueType  # 5
     JOB_STATE_FAILED: _JobState.ValueType  # 6
     JOB_STATE_CANCELLED: _JobState.ValueType  # 7
@@ -75,7 +79,11 @@ JOB_STATE_ADMITTED: JobState.ValueType  # 2
 JOB_STATE_QUEUED: JobState.ValueType  # 3
 """Kubernetes Job created, waiting for Kueue quota."""
 JOB_STATE_RUNNING: JobState.ValueType  # 4
-"""Quota reserved by Kueue and pods running: metered from here."""
+"""Admitted by Kueue: quota reserved and the Job unsuspended, so its pods are
+created; metered from this instant. The name predates the distinction: Kestrel
+does not wait for a pod to be Running (an image pull or a pending pod counts),
+because the quota, and so the cost, is held from Kueue's admission on.
+"""
 JOB_STATE_SUCCEEDED: JobState.ValueType  # 5
 JOB_STATE_FAILED: JobState.ValueType  # 6
 JOB_STATE_CANCELLED: JobState.ValueType  # 7

@@ -211,7 +211,12 @@ Global___RunwayChanged: _TypeAlias = RunwayChanged  # noqa: Y015
 
 @_typing.final
 class JobAdmitted(_message.Message):
-    """kestrel.jobs.admitted.<tenant> — work queue consumed by the placer."""
+    """kestrel.jobs.admitted.<tenant> — work queue consumed by the placer: every job it
+    must create in Kubernetes. That is an ADMITTED job and also a HELD one (job.state says
+    which): a held job waits in Kubernetes at the runway AdmissionCheck, its reason in
+    `kubectl describe workload`, until admission releases it. The subject and message
+    keep their first names, which said only the former, for wire and buf compatibility.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -496,7 +496,10 @@ export enum JobState {
   QUEUED = 3,
 
   /**
-   * Quota reserved by Kueue and pods running: metered from here.
+   * Admitted by Kueue: quota reserved and the Job unsuspended, so its pods are
+   * created; metered from this instant. The name predates the distinction: Kestrel
+   * does not wait for a pod to be Running (an image pull or a pending pod counts),
+   * because the quota, and so the cost, is held from Kueue's admission on.
    *
    * @generated from enum value: JOB_STATE_RUNNING = 4;
    */

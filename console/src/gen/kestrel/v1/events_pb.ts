@@ -133,7 +133,11 @@ export const RunwayChangedSchema: GenMessage<RunwayChanged> = /*@__PURE__*/
   messageDesc(file_kestrel_v1_events, 1);
 
 /**
- * kestrel.jobs.admitted.<tenant> — work queue consumed by the placer.
+ * kestrel.jobs.admitted.<tenant> — work queue consumed by the placer: every job it
+ * must create in Kubernetes. That is an ADMITTED job and also a HELD one (job.state says
+ * which): a held job waits in Kubernetes at the runway AdmissionCheck, its reason in
+ * `kubectl describe workload`, until admission releases it. The subject and message
+ * keep their first names, which said only the former, for wire and buf compatibility.
  *
  * @generated from message kestrel.v1.JobAdmitted
  */
