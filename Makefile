@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 include cluster/versions.env
 
 .PHONY: help setup proto proto-check buf-lint buf-breaking lint test test-unit \
-        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-jobs bench-infer bench-autoscale soak chaos up down status grpcurl \
+        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-scale bench-jobs bench-infer bench-autoscale soak chaos up down status grpcurl \
         helm helm-check compose compose-check compose-up compose-down devstack-up devstack-down devstack-status clean sim-autoscale
 
 help: ## This list
@@ -68,6 +68,9 @@ bench-meter: setup ## Ledger ingestion and runway latency vs the bare pipeline o
 
 bench-gateway: setup ## Submit rate and latency vs the gRPC ceiling of this machine
 	$(PY) bench/gateway.py $(BENCH_ARGS)
+
+bench-scale: setup ## Kestrel's CPU per job and decision p99 as the queue grows (250, 1,000, 4,000 waiting)
+	$(PY) bench/scale.py $(BENCH_ARGS)
 
 bench-infer: setup ## Infer end to end (gateway -> Redis -> a worker replica) vs raw onnxruntime here
 	$(PY) -m bench.infer $(BENCH_ARGS)

@@ -62,6 +62,15 @@ def take_cpu(proc: Path = Path("/proc")) -> dict[str, float]:
     return out
 
 
+STORES = ("postgres", "nats-server", "redis-server")
+
+
+def kestrel_share(cpu: Mapping[str, float]) -> float:
+    """CPU-seconds of Kestrel's own services and the stores only they use (Postgres,
+    NATS, Redis): what the plane costs beyond Kubernetes, Kueue and the bench itself."""
+    return sum(v for n, v in cpu.items() if n.startswith("kestrel ") or n in STORES)
+
+
 def parse_api(metrics: str) -> dict[str, float]:
     """From the apiserver's /metrics text: ``writes <resource>`` (all clients, all
     write verbs, any response code) and ``watch events <resource>`` (sent to watchers)."""

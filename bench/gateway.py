@@ -4,8 +4,10 @@ With meter, gateway and admission running as processes on a durable devstack:
   (c) the limit: 64 concurrent clients calling a trivial method of the gateway
       (grpc.health.v1 Check) — what grpc.aio gives on this machine;
   (a) saturation: the same 64 clients submitting jobs for ~10 s;
-  (b) latency: an open-loop load of 200 submits/s for ~10 s (each request is
-      sent on schedule whether or not earlier ones answered), p50/p99.
+  (b) latency: an open-loop load at half the saturation rate (a) measured in the
+      same run (absolute rates differ threefold between machines; a fixed rate
+      would mean a different load on each), for ~10 s: each request is sent on
+      schedule whether or not earlier ones answered; p50/p99.
 Then it checks that no tenant's reservations exceed its budget (double admits).
 """
 
@@ -148,7 +150,9 @@ async def run(clients: int, seconds: float, rate: float, tenants: int, keep: boo
         s_ok, s_err, s_s = await closed_loop(submit, clients, seconds)
         submit_rate = s_ok / s_s
         console.print(f"    {submit_rate:,.0f} submits/s, {s_err} errors")
-        console.print(f"(b) latency: open loop at {rate:.0f} submits/s for {seconds:.0f}s")
+        rate = rate or submit_rate / 2
+        console.print(f"(b) latency: open loop at {rate:.0f} submits/s (half the saturation "
+                      f"rate) for {seconds:.0f}s")
         await asyncio.sleep(2)  # let the saturation backlog (runway re-reads) settle
         lat, l_err = await open_loop(submit, rate, seconds)
         console.print(f"    p50 {pct(lat, 0.5):.1f} ms, p99 {pct(lat, 0.99):.1f} ms")
@@ -177,8 +181,8 @@ async def run(clients: int, seconds: float, rate: float, tenants: int, keep: boo
     for col in ("figure", "value", "target"):
         table.add_column(col)
     table.add_row("trivial RPC/s (health Check, same clients)", f"{trivial_rate:,.0f}", "baseline")
-    table.add_row("submits/s at saturation", f"{submit_rate:,.0f}", ">= 500")
-    table.add_row("ratio", f"{ratio:.2f}", "")
+    table.add_row("submits/s at saturation", f"{submit_rate:,.0f}", "")
+    table.add_row("ratio (submits / trivial calls)", f"{ratio:.2f}", ">= 0.25")
     table.add_row(f"submit p50 / p99 at {rate:.0f}/s",
                   f"{pct(lat, 0.5):.1f} / {pct(lat, 0.99):.1f} ms", "p99 <= 50 ms")
     table.add_row("jobs admitted / held", f"{states.get(2, 0):,} / {states.get(1, 0):,}", "")
@@ -186,6 +190,7 @@ async def run(clients: int, seconds: float, rate: float, tenants: int, keep: boo
     Console().print(table)
     print(f"gateway: submits={submits} submit_per_s={submit_rate:.0f} "
           f"trivial_rpc_per_s={trivial_rate:.0f} ratio={ratio:.2f} "
+          f"open_loop_per_s={rate:.0f} "
           f"submit_p50_ms={pct(lat, 0.5):.1f} submit_p99_ms={pct(lat, 0.99):.1f} "
           f"errors={errors} double_admits={double_admits}")
     return 0 if errors == 0 and double_admits == 0 else 1
@@ -196,7 +201,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=10)
-    ap.add_argument("--rate", type=float, default=200)
+    ap.add_argument("--rate", type=float, default=0,
+                    help="open-loop rate (default: half the saturation rate measured)")
     ap.add_argument("--tenants", type=int, default=8)
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()

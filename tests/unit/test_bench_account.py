@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.account import component, parse_api, spent, take_cpu
+from bench.account import component, kestrel_share, parse_api, spent, take_cpu
 
 
 @pytest.mark.parametrize(("comm", "argv", "expected"), [
@@ -66,3 +66,11 @@ def test_the_apiserver_counters_sum_write_verbs_per_resource_and_watch_events() 
 
 def test_spent_is_what_each_counter_gained_and_new_counters_count_whole() -> None:
     assert spent({"a": 1.0, "b": 2.0}, {"a": 3.5, "b": 2.0, "c": 4.0}) == {"a": 2.5, "c": 4.0}
+
+
+def test_kestrels_share_is_its_services_and_stores_not_kubernetes_or_the_bench() -> None:
+    cpu = {"kestrel admission": 1.0, "kestrel placer": 2.0, "postgres": 0.5,
+           "nats-server": 0.25, "redis-server": 0.125, "kube-apiserver": 8.0, "kueue": 4.0,
+           "etcd": 2.0, "bench.jobs": 16.0}
+    assert kestrel_share(cpu) == 3.875
+    assert kestrel_share({}) == 0.0
