@@ -70,7 +70,7 @@ bench-gateway: setup ## Submit rate and latency vs the gRPC ceiling of this mach
 	$(PY) bench/gateway.py $(BENCH_ARGS)
 
 bench-scale: setup ## Kestrel's CPU per job and decision p99 as the queue grows (250, 1,000, 4,000 waiting)
-	$(PY) bench/scale.py $(BENCH_ARGS)
+	$(PY) -m bench.scale $(BENCH_ARGS)
 
 bench-infer: setup ## Infer end to end (gateway -> Redis -> a worker replica) vs raw onnxruntime here
 	$(PY) -m bench.infer $(BENCH_ARGS)

@@ -112,7 +112,12 @@ async def run(depths: list[int], tenants: int, probe_rate: float, probe_s: float
             ms = account.kestrel_share(spent) * 1000 / max(1, len(lat))
             rows.append((depth, ms, pct(lat, 0.5), pct(lat, 0.99), len(lat)))
             console.print(f"    depth {depth}: {ms:.1f} CPU-ms/job, p99 {pct(lat, 0.99):.1f} ms "
-                          f"({len(lat)} probes, {errs} errors)")
+                          f"({len(lat)} probes, {errs} errors)", soft_wrap=True)
+            parts = {n: v * 1000 / max(1, len(lat)) for n, v in spent.items()
+                     if account.kestrel_share({n: v})}
+            console.print("      " + ", ".join(f"{n} {v:.1f}" for n, v in
+                                               sorted(parts.items(), key=lambda kv: -kv[1])),
+                          soft_wrap=True)
         await channel.close()
     finally:
         for p in procs:
