@@ -19,6 +19,7 @@ import shutil
 import sys
 import time
 from decimal import Decimal
+from pathlib import Path
 
 import asyncpg
 import grpc
@@ -95,12 +96,9 @@ async def open_loop(call: object, rate: float, seconds: float) -> tuple[list[flo
     return latencies, errors
 
 
-async def run(clients: int, seconds: float, rate: float, tenants: int, keep: bool) -> int:
-    root = REPO / ".run" / "bench-gateway"
-    shutil.rmtree(root, ignore_errors=True)
-    stack = Stack(root, durable=True)
-    console.print(f"[bold]bench-gateway[/bold]: devstack in {root}")
-    await asyncio.to_thread(stack.up)
+def submit_path(stack: Stack, root: Path) -> tuple[dict[str, int], list[ServiceProcess]]:
+    """Meter, gateway and admission over `stack` (no placer, no runway check): the
+    submit path alone. Their ports, and the processes, not yet started."""
     ports = port_map("meter", "gateway", "admission")
     env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
            "KESTREL_RUNWAY_CHECK": "", "KESTREL_PLACER_ADDR": "",
@@ -109,8 +107,17 @@ async def run(clients: int, seconds: float, rate: float, tenants: int, keep: boo
            **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
            "KESTREL_METER_METRICS_PORT": "0", "KESTREL_ADMISSION_METRICS_PORT": "0",
            "KESTREL_GATEWAY_METRICS_PORT": "0"}
-    procs = [ServiceProcess(n, env, f"127.0.0.1:{ports[n]}", root / f"{n}.log")
-             for n in ("meter", "gateway", "admission")]
+    return ports, [ServiceProcess(n, env, f"127.0.0.1:{ports[n]}", root / f"{n}.log")
+                   for n in ("meter", "gateway", "admission")]
+
+
+async def run(clients: int, seconds: float, rate: float, tenants: int, keep: bool) -> int:
+    root = REPO / ".run" / "bench-gateway"
+    shutil.rmtree(root, ignore_errors=True)
+    stack = Stack(root, durable=True)
+    console.print(f"[bold]bench-gateway[/bold]: devstack in {root}")
+    await asyncio.to_thread(stack.up)
+    ports, procs = submit_path(stack, root)
     try:
         for p in procs:
             await asyncio.to_thread(p.start)

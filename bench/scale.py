@@ -31,13 +31,12 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import account
-from bench.gateway import open_loop, pct
-from kestrel.devstack import Stack, port_map
-from kestrel.procs import REPO, ServiceProcess
+from bench.gateway import TOKEN, open_loop, pct, submit_path
+from kestrel.devstack import Stack
+from kestrel.procs import REPO
 from kestrel.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 console = Console(stderr=True)
-TOKEN = "kso_bench-operator"
 OP = (("authorization", f"Bearer {TOKEN}"),)
 JOB_COST = Decimal("0.06")  # 1 GPU x 60 s on gpu-h100 at 0.001/GPU-s
 
@@ -50,16 +49,7 @@ async def run(depths: list[int], tenants: int, probe_rate: float, probe_s: float
     console.print(f"[bold]bench-scale[/bold]: depths {depths}, {tenants} tenants; devstack "
                   f"in {root}")
     await asyncio.to_thread(stack.up)
-    ports = port_map("meter", "gateway", "admission")
-    env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
-           "KESTREL_RUNWAY_CHECK": "", "KESTREL_PLACER_ADDR": "",
-           "KESTREL_METER_ADDR": f"127.0.0.1:{ports['meter']}",
-           "KESTREL_ADMISSION_ADDR": f"127.0.0.1:{ports['admission']}",
-           **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
-           "KESTREL_METER_METRICS_PORT": "0", "KESTREL_ADMISSION_METRICS_PORT": "0",
-           "KESTREL_GATEWAY_METRICS_PORT": "0"}
-    procs = [ServiceProcess(n, env, f"127.0.0.1:{ports[n]}", root / f"{n}.log")
-             for n in ("meter", "gateway", "admission")]
+    ports, procs = submit_path(stack, root)
     rows: list[tuple[int, float, float, float, int]] = []
     errors = 0
     try:
