@@ -38,6 +38,25 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 4) -> asyn
     return pool
 
 
+class Published:
+    """Whether what another service publishes for this one (a view, in the owner's
+    migrations) exists yet: a service may start before the owner has migrated. Asked of
+    Postgres until it exists, then known: a relation is not dropped under a running
+    service, so the hot path pays one statement, not two."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.known: set[str] = set()
+
+    async def exists(self, relation: str) -> bool:
+        if relation in self.known:
+            return True
+        if await self.pool.fetchval("SELECT to_regclass($1) IS NOT NULL", relation):
+            self.known.add(relation)
+            return True
+        return False
+
+
 async def migrate(conn: asyncpg.Connection, component: str, directory: Path) -> list[str]:
     """Apply `NNNN_name.sql` files of `directory` not yet applied for `component`.
 

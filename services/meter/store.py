@@ -13,7 +13,7 @@ from pathlib import Path
 
 import asyncpg
 
-from kestrel.db import migrate
+from kestrel.db import Published, migrate
 from kestrel.money import ZERO
 from services.meter.domain import (
     Allocation,
@@ -71,7 +71,7 @@ class UsagePage:
 class MeterStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
-        self._holds_known = False  # admission's open_holds view exists
+        self.published = Published(pool)
 
     async def migrate(self) -> list[str]:
         async with self.pool.acquire() as conn:
@@ -116,10 +116,8 @@ class MeterStore:
         admission's `open_holds` view (admission migration 0004), so the cost follows what
         is open now rather than every reservation the tenant ever made. Before admission
         has made its schema there is no hold anywhere: every tenant holds nothing."""
-        if not self._holds_known:
-            if not await self.pool.fetchval("SELECT to_regclass('open_holds') IS NOT NULL"):
-                return dict.fromkeys(tenants, ZERO)
-            self._holds_known = True
+        if not await self.published.exists("open_holds"):
+            return dict.fromkeys(tenants, ZERO)
         rows = await self.pool.fetch("""
             SELECT r.tenant, sum(CASE WHEN a.workload_id IS NULL OR r.rolling THEN r.amount
                 ELSE greatest(r.amount - coalesce((SELECT sum(l.cost) FROM ledger l

@@ -11,6 +11,7 @@ from decimal import Decimal
 
 import asyncpg
 
+from kestrel.db import Published
 from kestrel.jobs import JobState
 
 
@@ -32,15 +33,16 @@ def _gpus(column: str) -> dict[str, int]:
 class PlacerStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
+        self.published = Published(pool)
 
     async def prices(self) -> dict[str, Decimal]:
-        if not await self.pool.fetchval("SELECT to_regclass('current_prices') IS NOT NULL"):
+        if not await self.published.exists("current_prices"):
             return {}
         rows = await self.pool.fetch("SELECT flavor, price_per_gpu_s FROM current_prices")
         return {r["flavor"]: r["price_per_gpu_s"] for r in rows}
 
     async def profiles(self, tenants: Sequence[str]) -> dict[str, TenantQuota]:
-        if not await self.pool.fetchval("SELECT to_regclass('tenant_policies') IS NOT NULL"):
+        if not await self.published.exists("tenant_policies"):
             return {}
         rows = await self.pool.fetch(
             "SELECT tenant, gpu_quota, gpu_borrow, suspended FROM tenant_policies "
@@ -50,7 +52,7 @@ class PlacerStore:
 
     async def cancelled(self, job_id: str) -> bool:
         """Admission cancelled the job (a JobAdmitted may still be queued for it)."""
-        if not await self.pool.fetchval("SELECT to_regclass('job_status') IS NOT NULL"):
+        if not await self.published.exists("job_status"):
             return False
         state = await self.pool.fetchval("SELECT state FROM job_status WHERE job_id = $1", job_id)
         return state is not None and int(state) == int(JobState.CANCELLED)
