@@ -272,8 +272,6 @@ class Admission:
                 b.start(job_id)
             if target is None:
                 return None
-            if target is JobState.QUEUED and flavor:
-                await self.store.set_flavor(job_id, flavor, reason)
             allowed = {JobState.RUNNING: [JobState.ADMITTED, JobState.QUEUED],
                        JobState.QUEUED: [JobState.ADMITTED]}.get(target, live)
             moved = await self.store.transition(
@@ -281,6 +279,11 @@ class Admission:
                 started_us=time_us if target is JobState.RUNNING else 0,
                 flavor=(flavor, reason) if target is JobState.QUEUED else None)
             if moved is None:
+                if target is JobState.QUEUED and flavor:
+                    # Placed but not moved (a HELD job waits at the runway check): the
+                    # placer's choice is recorded all the same. A moved job got it with
+                    # its transition.
+                    await self.store.set_flavor(job_id, flavor, reason)
                 return None
             prev, row = moved
             await self.publish(row, prev)

@@ -22,6 +22,11 @@ from services.admission.domain import Decision, JobAsk, Policy, Verdict
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
+def _qualified(alias: str, cols: str) -> str:
+    """`a, b` -> `j.a, j.b`: the columns of one table in a statement that joins it."""
+    return ", ".join(f"{alias}.{c.strip()}" for c in cols.split(","))
+
+
 @dataclass(frozen=True)
 class Snapshot:
     policy: Policy | None
@@ -115,67 +120,66 @@ class AdmissionStore:
             ask.rolling)
         return job_row(r) if r else None
 
-    @staticmethod
-    async def _reserve(conn: asyncpg.Connection, ask: JobAsk, amount: Decimal,
-                       now_us: int) -> None:
-        await conn.execute(
-            "INSERT INTO reservations (reservation_id, tenant, workload_id, amount, created_us, "
-            "rolling) VALUES ($1, $2, $1, $3, $4, $5)", ask.job_id, ask.tenant, amount, now_us,
-            ask.rolling)
-
     async def admit_held(self, ask: JobAsk, d: Decision, now_us: int) -> JobRow | None:
-        """HELD -> ADMITTED (or REJECTED) with its reservation; None if no longer HELD."""
+        """HELD -> ADMITTED (or REJECTED) with its reservation; None if no longer HELD.
+        One statement, like insert()."""
         state = JobState.ADMITTED if d.verdict is Verdict.ADMITTED else JobState.REJECTED
-        async with self.pool.acquire() as conn, conn.transaction():
-            r = await conn.fetchrow(f"""
-                UPDATE jobs SET state = $2, reason = $3, reserved = $4, priced_flavor = $5,
-                       admitted_us = $6, finished_us = $7
-                WHERE job_id = $1 AND state = {int(JobState.HELD)} RETURNING {JOB_COLS}""",
-                ask.job_id, int(state), d.reason,
-                d.reserved if state is JobState.ADMITTED else 0, d.priced_flavor,
-                now_us if state is JobState.ADMITTED else 0,
-                now_us if state is JobState.REJECTED else 0)
-            if r is None:
-                return None
-            await conn.execute(
-                "INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, "
-                "time_us) VALUES ($1, $2, $3, $4, $5, $6)",
-                ask.job_id, ask.tenant, int(JobState.HELD), int(state), d.reason, now_us)
-            if state is JobState.ADMITTED:
-                await self._reserve(conn, ask, d.reserved, now_us)
-        return job_row(r)
+        admitted = state is JobState.ADMITTED
+        r = await self.pool.fetchrow(f"""
+            WITH u AS (
+              UPDATE jobs SET state = $2, reason = $3, reserved = $4, priced_flavor = $5,
+                     admitted_us = $6, finished_us = $7
+              WHERE job_id = $1 AND state = {int(JobState.HELD)} RETURNING {JOB_COLS}),
+            t AS (
+              INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, time_us)
+              SELECT job_id, tenant, {int(JobState.HELD)}, $2, $3, $8 FROM u),
+            r AS (
+              INSERT INTO reservations (reservation_id, tenant, workload_id, amount, created_us,
+                                        rolling)
+              SELECT job_id, tenant, job_id, reserved, $8, $10 FROM u WHERE $9::boolean)
+            SELECT * FROM u""",
+            ask.job_id, int(state), d.reason, d.reserved if admitted else 0, d.priced_flavor,
+            now_us if admitted else 0, 0 if admitted else now_us, now_us, admitted,
+            ask.rolling)
+        return job_row(r) if r else None
 
     async def transition(self, job_id: str, to: JobState, reason: str, now_us: int, *,
                          allowed_from: Sequence[JobState], release: bool = False,
                          started_us: int = 0, flavor: tuple[str, str] | None = None
                          ) -> tuple[JobState, JobRow] | None:
-        """Move a job between states; None if it is not in one of `allowed_from`."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            prev = await conn.fetchval(
-                "SELECT state FROM jobs WHERE job_id = $1 FOR UPDATE", job_id)
-            if prev is None or JobState(prev) not in allowed_from:
-                return None
-            r = await conn.fetchrow(f"""
-                UPDATE jobs SET state = $2, reason = $3,
-                  finished_us = CASE WHEN $4::boolean THEN $5::bigint ELSE finished_us END,
-                  started_us = CASE WHEN $6::bigint > 0 AND started_us = 0 THEN $6::bigint
-                                    ELSE started_us END,
-                  flavor = CASE WHEN $7::text <> '' THEN $7::text ELSE flavor END,
-                  flavor_reason = CASE WHEN $7::text <> '' THEN $8::text ELSE flavor_reason END
-                WHERE job_id = $1 RETURNING {JOB_COLS}""",
-                job_id, int(to), reason, to.terminal, now_us, started_us,
-                flavor[0] if flavor else "", flavor[1] if flavor else "")
-            assert r is not None
-            await conn.execute(
-                "INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, "
-                "time_us) VALUES ($1, $2, $3, $4, $5, $6)",
-                job_id, r["tenant"], prev, int(to), reason, now_us)
-            if release:
-                await conn.execute(
-                    "INSERT INTO reservation_releases (reservation_id, reason, released_us) "
-                    "SELECT reservation_id, $2, $3 FROM reservations WHERE reservation_id = $1 "
-                    "ON CONFLICT DO NOTHING", job_id, reason, now_us)
-        return JobState(prev), job_row(r)
+        """Move a job between states; None if it is not in one of `allowed_from`.
+
+        One statement (one round trip, one implicit transaction): the row is locked and
+        its old state read by the UPDATE's FROM, the transition and any release are
+        written from what the UPDATE returned. It was five round trips (BEGIN, SELECT
+        FOR UPDATE, UPDATE, INSERT, COMMIT), three times per job."""
+        r = await self.pool.fetchrow(f"""
+            WITH u AS (
+              UPDATE jobs j SET state = $2, reason = $3,
+                finished_us = CASE WHEN $4::boolean THEN $5::bigint ELSE j.finished_us END,
+                started_us = CASE WHEN $6::bigint > 0 AND j.started_us = 0 THEN $6::bigint
+                                  ELSE j.started_us END,
+                flavor = CASE WHEN $7::text <> '' THEN $7::text ELSE j.flavor END,
+                flavor_reason = CASE WHEN $7::text <> '' THEN $8::text
+                                     ELSE j.flavor_reason END
+              FROM (SELECT job_id, state FROM jobs WHERE job_id = $1 FOR UPDATE) old
+              WHERE j.job_id = old.job_id AND old.state = ANY($9::smallint[])
+              RETURNING old.state AS prev_state, {_qualified("j", JOB_COLS)}),
+            t AS (
+              INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, time_us)
+              SELECT job_id, tenant, prev_state, $2, $3, $5 FROM u),
+            r AS (
+              INSERT INTO reservation_releases (reservation_id, reason, released_us)
+              SELECT reservation_id, $3, $5 FROM reservations
+              WHERE reservation_id = $1 AND $10::boolean AND EXISTS (SELECT 1 FROM u)
+              ON CONFLICT DO NOTHING)
+            SELECT * FROM u""",
+            job_id, int(to), reason, to.terminal, now_us, started_us,
+            flavor[0] if flavor else "", flavor[1] if flavor else "",
+            [int(s) for s in allowed_from], release)
+        if r is None:
+            return None
+        return JobState(r["prev_state"]), job_row(r)
 
     async def set_flavor(self, job_id: str, flavor: str, reason: str) -> None:
         """The placer's choice, recorded whatever the job's state (a HELD job is placed
