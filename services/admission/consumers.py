@@ -2,7 +2,7 @@
 
 - kestrel.runway.> through kestrel.runway (a restarted admission hears every
   tenant's last figure at once): a changed runway may free held jobs, so the tenant
-  is re-evaluated (coalesced: one pending re-evaluation per tenant at a time),
+  is re-evaluated when it has held jobs (coalesced: one pending re-evaluation per tenant at a time),
   and the runway check decides the tenant's waiting Workloads again.
 - kestrel.workload.> (durable consumer `admission`): job states follow
   Kubernetes; acknowledged after the state change is committed. A message that
@@ -57,15 +57,26 @@ class Reevaluator:
             log.exception("re-evaluating %s failed", tenant)
 
 
-def on_runway(reeval: Reevaluator, wake: Callable[[str], None] | None = None
+def wants_decision(admission: Admission, tenant: str) -> bool:
+    """Whether a tenant has held jobs that a change may free. Holds whose allocation
+    the meter closed need no decision of their own: the meter's reserved figure already
+    counts them as nothing, the tenant's next decision spends them from its snapshot
+    and the 5 s sweep spends the rest. (Re-evaluating every tenant with open holds on
+    each of its runways cost one ledger snapshot per admission: the admission moves the
+    meter's reserved figure, whose runway woke admission again.)"""
+    book = admission.books.get(tenant)
+    return book is not None and bool(book.held)
+
+
+def on_runway(reeval: Reevaluator,
+              wake: Callable[[common_pb2.Runway], None] | None = None
               ) -> Callable[[common_pb2.Runway], None]:
     """What a tenant's new runway (kestrel.runway.Runways' listener) sets going: its
-    held jobs and open holds are decided again, and so are its waiting Workloads."""
+    held jobs are decided again, and so are its waiting Workloads."""
     def listener(runway: common_pb2.Runway) -> None:
         if wake is not None:
-            wake(runway.tenant)
-        book = reeval.admission.books.get(runway.tenant)
-        if book is not None and (book.held or book.holds):
+            wake(runway)
+        if wants_decision(reeval.admission, runway.tenant):
             reeval.request(runway.tenant)
     return listener
 
@@ -88,8 +99,8 @@ async def follow_workloads(js: JetStreamContext, admission: Admission, reeval: R
                 functools.partial(admission.workload_event, e.tenant, e.workload_id, e.type,
                                   e.time_us, e.reason, e.flavor))
             await m.ack()
-            if e.type in CLOSING:  # its quota and money are free again
-                reeval.request(e.tenant)
+            if e.type in CLOSING and wants_decision(admission, e.tenant):
+                reeval.request(e.tenant)  # its quota and money are free again
 
     await bus.pull(js, bus.Durable("KESTREL_WORKLOADS", "kestrel.workload.>", "admission", 256),
                    handle, stop)
