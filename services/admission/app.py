@@ -121,7 +121,7 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
     else:
         log.info("runway admission check off (KESTREL_RUNWAY_CHECK empty or no kubeconfig)")
     runways = Runways()
-    runways.listen(on_runway(reeval, controller.wake if controller is not None else None))
+    runways.listen(on_runway(reeval, controller.heard if controller is not None else None))
     tasks = [asyncio.create_task(runway.follow(js, runways, stop), name="runway"),
              asyncio.create_task(follow_workloads(js, admission, reeval, stop)),
              asyncio.create_task(every(10, stop, refresh_prices, "refreshing prices failed",

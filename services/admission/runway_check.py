@@ -31,6 +31,7 @@ from decimal import Decimal
 from kestrel import budget
 from kestrel.jobs import JobRow, JobState
 from kestrel.money import fmt
+from kestrel.v1 import common_pb2
 
 
 class CheckState(enum.StrEnum):
@@ -64,6 +65,11 @@ class Money:
     @property
     def spent(self) -> bool:
         return budget.spent(self.credits, self.charged)
+
+
+def money_of(runway: common_pb2.Runway) -> Money:
+    """A tenant's money as the meter published it."""
+    return Money(Decimal(runway.credits or "0"), Decimal(runway.charged or "0"))
 
 
 @dataclass(frozen=True)

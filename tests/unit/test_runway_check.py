@@ -7,12 +7,14 @@ from decimal import Decimal
 import pytest
 
 from kestrel.jobs import JobRow, JobState
+from kestrel.v1 import common_pb2
 from services.admission.kueue import view
 from services.admission.runway_check import (
     CheckState,
     Money,
     WorkloadView,
     changes,
+    money_of,
     settled,
     to_deactivate,
     unsettled,
@@ -116,3 +118,10 @@ def test_a_workload_view_reads_our_check_entry_owner_and_conditions() -> None:
     assert v is not None
     assert (v.job_id, v.check_state, v.admitted, v.tenant) == ("job-1", "Ready", True, "acme")
     assert view(obj, "another-check") is None
+
+
+def test_the_money_a_runway_carries_is_what_the_check_decides_spent_on() -> None:
+    fresh = money_of(common_pb2.Runway(tenant="acme", credits="10.5", charged="2.25"))
+    assert fresh == Money(Decimal("10.5"), Decimal("2.25")) and not fresh.spent
+    assert money_of(common_pb2.Runway(tenant="acme", credits="3", charged="3")).spent
+    assert money_of(common_pb2.Runway(tenant="acme")).spent  # nothing topped up yet
