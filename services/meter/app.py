@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from decimal import Decimal
 
+from google.protobuf.message import DecodeError
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
@@ -20,7 +21,7 @@ from kestrel.grpcserver import Server
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.money import parse_amount
 from kestrel.service import drain, every, serve_metrics
-from kestrel.v1 import meter_pb2, meter_pb2_grpc
+from kestrel.v1 import common_pb2, events_pb2, meter_pb2, meter_pb2_grpc
 from services.meter.consumer import DURABLE, STREAM, WorkloadConsumer
 from services.meter.core import Meter, MeterSettings
 from services.meter.domain import Reason, RunwayFigures
@@ -68,6 +69,13 @@ class MeterConfig:
         )
 
 
+# Job states whose change writes or releases no hold: a job placed (QUEUED) or running
+# keeps the hold it had (its allocation's opening comes through the meter's own ingest),
+# and a HELD job has none. Skipping them halves the reserved re-reads of a busy tenant.
+HOLDLESS = frozenset({common_pb2.JOB_STATE_QUEUED, common_pb2.JOB_STATE_RUNNING,
+                      common_pb2.JOB_STATE_HELD})
+
+
 async def _follow_holds(nc: NATS, meter: Meter, stop: asyncio.Event) -> None:
     """Admission's job state changes move reservations: re-read them per tenant,
     coalesced (a burst of submissions costs one query per tenant per 50 ms)."""
@@ -75,6 +83,12 @@ async def _follow_holds(nc: NATS, meter: Meter, stop: asyncio.Event) -> None:
     wake = asyncio.Event()
 
     async def on_state(msg: Msg) -> None:
+        try:
+            to = events_pb2.JobStateChanged.FromString(msg.data).to_state
+        except DecodeError:
+            to = common_pb2.JOB_STATE_UNSPECIFIED  # unreadable: re-read to be safe
+        if to in HOLDLESS:
+            return
         dirty.add(msg.subject.rsplit(".", 1)[-1])
         wake.set()
 

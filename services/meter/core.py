@@ -159,11 +159,17 @@ class Meter:
             return self.projection.figures(tenant, self.clock())
 
     async def reservation_changed(self, tenants: Iterable[str]) -> None:
-        """Admission wrote or released a hold: re-read it and publish."""
+        """Admission may have written or released a hold: re-read, and publish the
+        tenants whose reserved figure moved (each publish wakes admission's runway
+        check and re-decides the tenant's Workloads: one that says nothing new is a
+        ledger snapshot spent for nothing)."""
         async with self.lock:
             known = sorted(t for t in tenants if t in self.projection.accounts)
             await self._refresh_reserved(known)
-            await self._publish(known, Reason.RESERVATION, force=True)
+            moved = [t for t in known
+                     if (acc := self.projection.account(t)).published is None
+                     or acc.published.reserved != acc.reserved]
+            await self._publish(moved, Reason.RESERVATION, force=True)
 
     # --- helpers (lock held) -------------------------------------------------
 
