@@ -40,10 +40,13 @@ from services.placer.lifecycle import (
     Derived,
     EventType,
     Observed,
+    Waiting,
     awaiting_workload,
+    created_us,
     derive,
     open_allocation,
     owner_job,
+    requeue_due,
 )
 from services.placer.standins import StandIns, wanted
 from services.placer.store import PlacerStore, TenantQuota
@@ -140,7 +143,8 @@ class Placer:
         self.standins: StandIns | None = None
         self.on_published: Callable[[Derived], None] = lambda e: None
         self.on_relist: Callable[[str], None] = lambda kind: None
-        self.touched: dict[Key, int] = {}  # Jobs requeued by requeue_stuck, and when
+        # Jobs requeued by requeue_stuck: when last, and how many times.
+        self.touched: dict[Key, tuple[int, int]] = {}
 
     # --- tenants -------------------------------------------------------------
 
@@ -378,28 +382,35 @@ class Placer:
                     touched.add(key)
         return touched
 
-    async def requeue_stuck(self, grace_s: float = 3.0) -> list[Key]:
-        """Touch each Job Kueue left without a Workload for `grace_s` (at most once per
-        `grace_s` each), so Kueue reconciles it now rather than after its backoff."""
+    async def requeue_stuck(self, grace_s: float = 3.0, patience_s: float = 15.0) -> list[Key]:
+        """Touch the Jobs Kueue left without a Workload (lifecycle.requeue_due: skipped
+        while younger ones got theirs, or waiting `patience_s`), so Kueue reconciles
+        them now rather than after its backoff."""
         if not self.synced.is_set():
             return []  # not every Workload listed yet: each Job would look stuck
         now = self.clock()
         grace_us = int(grace_s * 1_000_000)
-        stuck = [key for key, view in self.views.items()
-                 if awaiting_workload(view.job, view.workload, now, grace_us)
-                 and now - self.touched.get(key, 0) >= grace_us]
+        waiting: dict[Key, Waiting] = {}
+        served_us = 0
+        for key, view in self.views.items():
+            if view.workload is not None and view.job is not None:
+                served_us = max(served_us, created_us(view.job))
+            elif awaiting_workload(view.job, view.workload, now, grace_us):
+                last, n = self.touched.get(key, (0, 0))
+                waiting[key] = Waiting(created_us(view.job), last, n)
+        stuck = requeue_due(waiting, served_us, now, grace_us, int(patience_s * 1_000_000))
         for key in stuck:
-            self.touched[key] = now
+            self.touched[key] = (now, waiting[key].touches + 1)
             try:
                 await asyncio.to_thread(self.kube.touch_job, key[0], key[1], str(now))
             except ApiException as exc:
                 log.warning("requeueing job %s/%s failed: %s", *key, exc.reason)
-        for key in [k for k in self.touched if k not in self.views]:
+        for key in [k for k in self.touched if k not in waiting]:
             self.touched.pop(key)
         if stuck:
-            log.warning("%d Jobs had no Kueue Workload after %.0f s: touched them so Kueue "
-                        "reconciles them now (%s)", len(stuck), grace_s,
-                        ", ".join(k[1] for k in stuck[:5]))
+            log.warning("%d Jobs had no Kueue Workload while younger ones got theirs (or "
+                        "for %.0f s): touched them so Kueue reconciles them now (%s)",
+                        len(stuck), patience_s, ", ".join(k[1] for k in stuck[:5]))
         return stuck
 
     async def _derive(self, key: Key) -> None:

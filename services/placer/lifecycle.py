@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from kestrel.workloads import (
     CPU_FLAVOR,
@@ -48,6 +48,7 @@ FLAVOR_NODE_LABEL = "kestrel.dev/flavor"  # on the GPU nodes (cluster/manifests/
 GPU = "nvidia.com/gpu"
 
 Obj = Mapping[str, Any]
+K = TypeVar("K")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -238,6 +239,44 @@ def _words(cond: Obj, default: str) -> str:
     reason, message = cond.get("reason") or "", cond.get("message") or ""
     text = f"{reason}: {message}" if reason and message else reason or message or default
     return text[:200]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A Job past the grace without its Workload, and how often it was touched."""
+
+    created_us: int
+    touched_us: int = 0  # last touch (0: never)
+    touches: int = 0
+
+
+def requeue_due(waiting: Mapping[K, Waiting], served_us: int, now_us: int, grace_us: int,
+                patience_us: int, max_backoff_us: int = 60_000_000) -> list[K]:
+    """Which waiting Jobs to touch now.
+
+    A Job is worth touching when Kueue has since given a Workload to a Job created a
+    grace later (`served_us`, the newest creation among Jobs that have one: Kueue works and
+    skipped this one, as a reconcile waiting out its backoff is skipped), or when it has
+    waited `patience_us` whatever the rest. Kueue merely behind (a backlog: on a loaded
+    plane 1,000 Jobs took it minutes) is left to work: every touch is a Job write, a watch
+    event to each Job watcher and a reconcile. Touches of one Job back off, doubling from
+    `grace_us` up to `max_backoff_us`."""
+    due = []
+    for key, w in waiting.items():
+        # Created at least a grace before one Kueue served (timestamps are whole
+        # seconds, and Kueue's reconcilers run side by side: a near twin is no sign).
+        skipped = w.created_us + grace_us <= served_us
+        if not skipped and now_us - w.created_us < patience_us:
+            continue
+        backoff = min(grace_us * 2 ** w.touches, max_backoff_us) if w.touches else 0
+        if now_us - w.touched_us >= backoff:
+            due.append(key)
+    return due
+
+
+def created_us(job: Obj | None) -> int:
+    stamp = ((job or {}).get("metadata") or {}).get("creationTimestamp")
+    return time_us(stamp) if stamp else 0
 
 
 def awaiting_workload(job: Obj | None, workload: Obj | None, now_us: int,

@@ -20,11 +20,13 @@ from services.placer.lifecycle import (
     Derived,
     EventType,
     Observed,
+    Waiting,
     allocation_id,
     awaiting_workload,
     derive,
     identity,
     open_allocation,
+    requeue_due,
     time_us,
 )
 
@@ -492,3 +494,25 @@ def test_a_watch_that_answers_410_gone_is_relisted_and_resumed_from_the_new_list
     assert fake.lists == 2 and fake.watched_from == ["10", "20"]
     assert [t for _, t, _ in seen] == ["RELIST", "RELIST", "MODIFIED"]
     assert seen[-1][2]["metadata"]["name"] == "w2"  # bookmarks are not emitted
+
+
+S = 1_000_000
+
+
+@pytest.mark.parametrize(("waiting", "served_s", "now_s", "due"), [
+    (Waiting(100 * S), 110, 112, True),              # a Job 10 s younger got its Workload
+    (Waiting(100 * S), 102, 104, False),             # Kueue is about there: leave it
+    (Waiting(100 * S), 0, 110, False),               # a backlog, nothing served yet
+    (Waiting(100 * S), 0, 115, True),                # waited the patience: touch anyway
+    (Waiting(100 * S, 111 * S, 1), 120, 116, False),  # touched 5 s ago: backs off 6 s
+    (Waiting(100 * S, 111 * S, 1), 120, 117, True),   # ... and then again
+    (Waiting(100 * S, 111 * S, 2), 120, 122, False),  # twice: 12 s
+    (Waiting(100 * S, 100 * S, 9), 200, 159, False),  # the backoff is capped at 60 s
+    (Waiting(100 * S, 100 * S, 9), 200, 160, True),
+], ids=["a-younger-job-was-served", "kueue-is-about-there", "a-backlog-is-left-to-kueue",
+        "patience-runs-out", "backs-off-after-a-touch", "touched-again-after-the-backoff",
+        "backoff-doubles", "backoff-is-capped", "capped-backoff-elapses"])
+def test_a_job_kueue_skipped_is_touched_with_a_backoff_and_a_backlog_is_left_alone(
+        waiting: Waiting, served_s: int, now_s: int, due: bool) -> None:
+    got = requeue_due({"j": waiting}, served_s * S, now_s * S, 3 * S, 15 * S)
+    assert got == (["j"] if due else [])
