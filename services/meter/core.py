@@ -17,7 +17,8 @@ from decimal import Decimal
 
 from kestrel.clock import Clock, now_us
 from kestrel.errors import NotFound
-from services.meter.domain import Event, Reason, RunwayFigures, publish_reason
+from kestrel.money import ZERO
+from services.meter.domain import Event, Reason, RunwayFigures, publish_reason, reserved
 from services.meter.projection import Projection
 from services.meter.store import MeterStore
 
@@ -65,7 +66,8 @@ class Meter:
         async with self.lock:
             self.prices = await self.store.prices()
             totals = await self.store.totals()
-            self.projection = Projection.load(totals, await self.store.open_allocations())
+            self.projection = Projection.load(totals, await self.store.open_allocations(),
+                                              await self.store.open_costs())
             await self._refresh_reserved(list(self.projection.accounts))
             await self._publish(list(self.projection.accounts), Reason.STARTUP, force=True)
 
@@ -82,8 +84,8 @@ class Meter:
             t0 = time.perf_counter()
             result = await self.store.apply_batch(events, self.price_table(), self.clock())
             self.observe_write(time.perf_counter() - t0)
-            self.projection.add_rows(result.rows)
             self.projection.set_allocations(result.outcome.allocations.values())
+            self.projection.add_rows(result.rows)
             self.stats.events += result.new_events
             self.stats.duplicates += len(events) - result.new_events
             self.stats.rows += len(result.rows)
@@ -110,8 +112,8 @@ class Meter:
             t0 = time.perf_counter()
             outcome, rows = await self.store.apply_tick(opened, cut_to, f"tick-{cut_to}", now)
             self.observe_write(time.perf_counter() - t0)
-            self.projection.add_rows(rows)
             self.projection.set_allocations(outcome.allocations.values())
+            self.projection.add_rows(rows)
             self.stats.rows += len(rows)
             self.stats.ticks += 1
             tenants = sorted({r.row.tenant for r in rows})
@@ -176,8 +178,13 @@ class Meter:
     async def _refresh_reserved(self, tenants: list[str]) -> None:
         if not tenants:
             return
-        for tenant, held in (await self.store.reserved(tenants)).items():
-            self.projection.account(tenant).reserved = held
+        holds = await self.store.holds(tenants)
+        consumed: dict[str, Decimal] = {}
+        for t in {h.tenant for h in holds}:
+            consumed.update(self.projection.consumed(t))
+        figures = reserved(holds, consumed)
+        for tenant in tenants:
+            self.projection.account(tenant).reserved = figures.get(tenant, ZERO)
 
     async def _publish_each(self, tenants: list[str], hints: dict[str, Reason]) -> None:
         now = self.clock()

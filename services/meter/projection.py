@@ -7,7 +7,7 @@ what the SQL sums of the same rows say (a test checks this equality).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -31,6 +31,8 @@ class Account:
     reserved: Decimal = ZERO
     flavors: dict[str, FlavorTotal] = field(default_factory=dict)
     open: dict[str, Allocation] = field(default_factory=dict)
+    # Ledger cost so far of each open allocation: what its budget hold has consumed.
+    consumed: dict[str, Decimal] = field(default_factory=dict)
     published: RunwayFigures | None = None
 
     @property
@@ -44,7 +46,8 @@ class Projection:
         self.ledger_seq = 0
 
     @classmethod
-    def load(cls, totals: Totals, open_allocations: Iterable[Allocation]) -> Projection:
+    def load(cls, totals: Totals, open_allocations: Iterable[Allocation],
+             open_costs: Mapping[str, Decimal] | None = None) -> Projection:
         p = cls()
         for t in totals.tenants:
             p.account(t)
@@ -54,7 +57,9 @@ class Projection:
         for (t, flavor), (gpu_us, cost, rows) in totals.usage.items():
             p.account(t).flavors[flavor] = FlavorTotal(gpu_us, cost, rows)
         for a in open_allocations:
-            p.account(a.tenant).open[a.workload_id] = a
+            acc = p.account(a.tenant)
+            acc.open[a.workload_id] = a
+            acc.consumed[a.workload_id] = (open_costs or {}).get(a.workload_id, ZERO)
         p.ledger_seq = totals.ledger_seq
         return p
 
@@ -65,9 +70,14 @@ class Projection:
         return acc
 
     def add_rows(self, rows: Iterable[CommittedRow]) -> None:
+        """Committed rows; give it the batch's allocations first (set_allocations), so
+        a row of a still open allocation counts towards what its hold consumed."""
         for c in rows:
             r = c.row
-            f = self.account(r.tenant).flavors.setdefault(r.flavor, FlavorTotal())
+            acc = self.account(r.tenant)
+            if r.workload_id in acc.open:
+                acc.consumed[r.workload_id] = acc.consumed.get(r.workload_id, ZERO) + r.cost
+            f = acc.flavors.setdefault(r.flavor, FlavorTotal())
             f.gpu_us += r.gpu_us
             f.cost += r.cost
             f.rows += 1
@@ -78,13 +88,18 @@ class Projection:
             acc = self.account(a.tenant)
             if a.status is AllocStatus.OPEN:
                 acc.open[a.workload_id] = a
+                acc.consumed.setdefault(a.workload_id, ZERO)
             else:
                 acc.open.pop(a.workload_id, None)
+                acc.consumed.pop(a.workload_id, None)
 
     def add_credits(self, tenant: str, amount: Decimal) -> None:
         acc = self.account(tenant)
         acc.credits += amount
         acc.top_ups += 1
+
+    def consumed(self, tenant: str) -> Mapping[str, Decimal]:
+        return self.account(tenant).consumed
 
     def open_allocations(self) -> list[Allocation]:
         return [a for acc in self.accounts.values() for a in acc.open.values()]
