@@ -22,6 +22,7 @@ class BadEvent(ValueError):
 MIN_US, MAX_US = 1_000_000_000_000_000, 9_999_999_999_999_999
 MAX_GPUS = 1024
 MAX_BOUND_S = 10 * 366 * 86_400
+_TYPES = frozenset(int(t) for t in EventType)
 
 
 def event_from_wire(msg: events_pb2.WorkloadEvent) -> Event:
@@ -32,7 +33,7 @@ def event_from_wire(msg: events_pb2.WorkloadEvent) -> Event:
         problems.append("tenant is empty")
     if not msg.workload_id:
         problems.append("workload_id is empty")
-    if msg.type not in {t.value for t in EventType}:
+    if msg.type not in _TYPES:
         problems.append(f"type {msg.type} is unknown")
     if not MIN_US <= msg.time_us <= MAX_US:
         problems.append("time_us must be microseconds since the epoch (2001..2286)")
