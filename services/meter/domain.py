@@ -280,33 +280,25 @@ _BAND_REASON = {Band.BELOW_50: Reason.THRESHOLD_50, Band.BELOW_10: Reason.THRESH
 
 
 @dataclass(frozen=True)
-class HeldBy:
-    """One open budget hold (admission's), as the meter reads it."""
+class TenantHolds:
+    """A tenant's open budget holds (admission's), as the meter reads them: the sum of
+    those that hold their whole amount (not metered yet, or rolling), and each running
+    one (workload id, amount); a hold whose allocation closed holds nothing (its final
+    cost is in `charged`, committed in the same transaction as the close)."""
 
     tenant: str
-    workload_id: str
-    amount: Decimal
-    rolling: bool  # an endpoint replica's: holds its whole amount while it runs
-    status: AllocStatus | None  # its allocation's (None: not metered yet)
+    whole: Decimal
+    running: tuple[tuple[str, Decimal], ...] = ()
 
 
-def reserved(holds: Iterable[HeldBy], consumed: Mapping[str, Decimal]) -> dict[str, Decimal]:
-    """Unconsumed part of open holds per tenant: sum(max(0, amount - cost so far)).
-
-    A hold whose allocation is closed holds nothing: its final cost is in `charged`
-    (committed in the same transaction as the close). One without an allocation has no
-    ledger rows yet and holds its whole amount, as does a rolling one. `consumed` is the
-    ledger cost so far of each open allocation."""
-    out: dict[str, Decimal] = {}
-    for h in holds:
-        if h.status is AllocStatus.CLOSED:
-            held = ZERO
-        elif h.status is None or h.rolling:
-            held = h.amount
-        else:
-            held = max(ZERO, h.amount - consumed.get(h.workload_id, ZERO))
-        out[h.tenant] = out.get(h.tenant, ZERO) + held
-    return out
+def reserved(holds: Iterable[TenantHolds], consumed: Mapping[str, Decimal]
+             ) -> dict[str, Decimal]:
+    """Unconsumed part of open holds per tenant: a running hold holds what its
+    allocation has not consumed yet (`consumed`: the ledger cost so far of each open
+    allocation), never less than nothing."""
+    return {h.tenant: h.whole + sum((max(ZERO, amount - consumed.get(wid, ZERO))
+                                     for wid, amount in h.running), ZERO)
+            for h in holds}
 
 
 def publish_reason(previous: RunwayFigures | None, new: RunwayFigures,

@@ -169,10 +169,10 @@ async def test_reserved_holds_what_open_reservations_have_not_yet_consumed(
         await store.ensure_tenant(tenant, T0)
         await store.top_up(tenant, Decimal("100"), f"{tenant}-t", "", T0)
     await store.set_price("gpu-h100", price["gpu-h100"], T0)
-    # w2 and w3 run 100 s (0.1 credits each); w4 ran 1 s and finished.
+    # w2, w3 and w6 run 100 s (0.1 credits each); w4 ran 1 s and finished.
     await store.apply_batch([
         Event(f"{w}-a", "holds", w, 1, EventType.ADMITTED, T0, "gpu-h100", 1)
-        for w in ("w2", "w3", "w4")] + [
+        for w in ("w2", "w3", "w4", "w6")] + [
         Event("w4-f", "holds", "w4", 1, EventType.FINISHED, T0 + 1_000_000, "gpu-h100", 1)],
         price, T0)
     await store.apply_tick(await store.open_allocations(), T0 + 100_000_000, "tick-1",
@@ -186,10 +186,13 @@ async def test_reserved_holds_what_open_reservations_have_not_yet_consumed(
             ("r6", "other", "x1", "7")]:
         await pool.execute("INSERT INTO reservations VALUES ($1, $2, $3, $4, $5)",
                            rid, tenant, wid, Decimal(amount), T0)
+    # An endpoint replica's hold is rolling: it holds its whole amount while it runs.
+    await pool.execute("INSERT INTO reservations VALUES ('r7', 'holds', 'w6', 2, $1, true)",
+                       T0)
     await pool.execute("INSERT INTO reservation_releases VALUES ('r5', 'cancelled', $1)", T0)
     # The meter's projection keeps each open allocation's cost; open_costs() is its start.
     assert reserved(await store.holds(["holds", "nobody"]), await store.open_costs()) == {
-        "holds": Decimal("1.9")}
+        "holds": Decimal("3.9")}
 
 
 async def test_open_reservations_is_always_reservations_less_their_releases(

@@ -13,10 +13,10 @@ from services.meter.domain import (
     Band,
     Event,
     EventType,
-    HeldBy,
     Reason,
     RowKind,
     RunwayFigures,
+    TenantHolds,
     apply_events,
     band,
     publish_reason,
@@ -180,22 +180,17 @@ def test_ticks_stop_at_the_bound_and_it_burns_nothing_past_it() -> None:
     assert burn_per_s([a])[1] == 2 and burn_per_s([done])[1] == 0
 
 
-def _hold(wid: str, amount: str, status: AllocStatus | None, rolling: bool = False,
-          tenant: str = "acme") -> HeldBy:
-    return HeldBy(tenant, wid, Decimal(amount), rolling, status)
-
-
-@pytest.mark.parametrize(("holds", "want"), [
-    ([_hold("w1", "1", None)], "1"),                                   # not metered yet
-    ([_hold("w2", "1", AllocStatus.OPEN)], "0.9"),                     # 0.1 consumed
-    ([_hold("w3", "0.05", AllocStatus.OPEN)], "0"),                    # consumed past it
-    ([_hold("w4", "1", AllocStatus.CLOSED)], "0"),                     # its cost is charged
-    ([_hold("w2", "1", AllocStatus.OPEN, rolling=True)], "1"),         # a replica's: whole
-    ([_hold("w4", "1", AllocStatus.CLOSED, rolling=True)], "0"),       # ... until it ends
-    ([_hold("w1", "1", None), _hold("w2", "1", AllocStatus.OPEN)], "1.9"),
-], ids=["not-started-holds-it-all", "running-holds-the-rest", "never-below-zero",
-        "closed-holds-nothing", "rolling-holds-it-all", "closed-rolling-holds-nothing",
-        "summed-per-tenant"])
-def test_reserved_is_what_open_holds_have_not_consumed(holds: list[HeldBy], want: str) -> None:
+@pytest.mark.parametrize(("whole", "running", "want"), [
+    ("1", [], "1"),                                    # not metered yet (or rolling)
+    ("0", [("w2", "1")], "0.9"),                       # 0.1 consumed: holds the rest
+    ("0", [("w3", "0.05")], "0"),                      # consumed past it: never below zero
+    ("0", [("w9", "1")], "1"),                         # running, nothing metered yet
+    ("1", [("w2", "1"), ("w3", "0.05")], "1.9"),       # summed per tenant
+], ids=["whole-holds-it-all", "running-holds-the-rest", "never-below-zero",
+        "running-nothing-consumed-yet", "summed-per-tenant"])
+def test_reserved_is_what_open_holds_have_not_consumed(
+        whole: str, running: list[tuple[str, str]], want: str) -> None:
     consumed = {"w2": Decimal("0.1"), "w3": Decimal("0.1")}
-    assert reserved(holds, consumed) == {"acme": Decimal(want)}
+    holds = TenantHolds("acme", Decimal(whole),
+                        tuple((wid, Decimal(a)) for wid, a in running))
+    assert reserved([holds], consumed) == {"acme": Decimal(want)}
