@@ -27,6 +27,7 @@ again after an eviction is a new allocation, `<job_id>.r2`, `.r3`, ...
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -86,8 +87,12 @@ class Observed:
     gone_us: int = 0
 
 
+@functools.lru_cache(maxsize=16_384)
 def time_us(value: str) -> int:
-    """RFC 3339 (what the apiserver writes) to integer microseconds since the epoch."""
+    """RFC 3339 (what the apiserver writes) to integer microseconds since the epoch.
+    Cached: the same stamps (a Job's creation, a condition's transition) are read on
+    every event of their job, and the requeue pass reads every Job's creation each
+    second."""
     dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
