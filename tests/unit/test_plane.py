@@ -1,6 +1,6 @@
 """`python -m kestrel.plane up` (what `make up` runs) says what it did to each part
 of an existing plane: reused, started, or found dead and restarted (issue 10, item 11).
-The devstack and the service processes are fakes here; the integration test
+The devstack, the service processes and Prometheus are fakes here; the integration test
 tests/integration/test_devstack_up.py kills real ones."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kestrel import plane
+from kestrel import plane, prometheus
 
 
 class FakeStack:
@@ -22,6 +22,17 @@ class FakeStack:
 
     def env(self) -> dict[str, str]:
         return {}
+
+
+class FakePrometheus:
+    url = "http://127.0.0.1:19090"
+
+    @classmethod
+    def open(cls, root: Path) -> FakePrometheus:
+        return cls()
+
+    def up(self, config: dict[str, Any], port: int = 0) -> str:
+        return "prometheus started"
 
 
 @dataclass
@@ -42,6 +53,11 @@ def test_up_reports_each_component_reused_started_or_restarted(
     monkeypatch.setattr(plane, "open_stack", lambda root: FakeStack())
     monkeypatch.setattr(plane, "ServiceProcess",
                         lambda name, *a, **kw: FakeService(name))
+    # A fake too: the real one was started in the repository's .run/plane (with the
+    # cluster's Kueue token when a cluster was up) and left running after the test.
+    monkeypatch.setattr(plane, "PROMETHEUS_DIR", tmp_path / "prometheus")
+    monkeypatch.setattr(prometheus, "Prometheus", FakePrometheus)
+    monkeypatch.setattr(prometheus, "plane_config", lambda root, metrics: {})
     # meter alive, gateway dead (pid 2 gone), admission never started.
     plane._save({"meter": 1, "gateway": 2})
     alive = {1}
