@@ -163,8 +163,8 @@ class Meter:
     async def reservation_changed(self, tenants: Iterable[str]) -> None:
         """Admission may have written or released a hold: re-read, and publish the
         tenants whose reserved figure moved (each publish wakes admission's runway
-        check and re-decides the tenant's Workloads: one that says nothing new is a
-        ledger snapshot spent for nothing)."""
+        check, which decides the tenant's Workloads again: one that says nothing new
+        is that work for nothing)."""
         async with self.lock:
             known = sorted(t for t in tenants if t in self.projection.accounts)
             await self._refresh_reserved(known)
