@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass
 from decimal import Decimal
 
-from google.protobuf.message import DecodeError
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
@@ -84,8 +83,8 @@ async def _follow_holds(nc: NATS, meter: Meter, stop: asyncio.Event) -> None:
 
     async def on_state(msg: Msg) -> None:
         try:
-            to = events_pb2.JobStateChanged.FromString(msg.data).to_state
-        except DecodeError:
+            to = bus.parse(msg, events_pb2.JobStateChanged).to_state
+        except bus.Unusable:
             to = common_pb2.JOB_STATE_UNSPECIFIED  # unreadable: re-read to be safe
         if to in HOLDLESS:
             return

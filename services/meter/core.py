@@ -178,11 +178,9 @@ class Meter:
     async def _refresh_reserved(self, tenants: list[str]) -> None:
         if not tenants:
             return
-        holds = await self.store.holds(tenants)
-        consumed: dict[str, Decimal] = {}
-        for t in {h.tenant for h in holds}:
-            consumed.update(self.projection.consumed(t))
-        figures = reserved(holds, consumed)
+        figures: dict[str, Decimal] = {}
+        for h in await self.store.holds(tenants):
+            figures.update(reserved((h,), self.projection.consumed(h.tenant)))
         for tenant in tenants:
             self.projection.account(tenant).reserved = figures.get(tenant, ZERO)
 
