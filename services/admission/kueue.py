@@ -18,7 +18,8 @@ import asyncio
 import datetime as dt
 import logging
 import threading
-from collections.abc import Callable
+from collections import ChainMap
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from kubernetes import client as k8s
@@ -157,8 +158,10 @@ class RunwayCheckController:
         self.full_pass_s = full_pass_s
         self.batch_s = batch_s  # events arriving within this are decided together
         self.views: dict[str, WorkloadView] = {}
-        self.money: dict[str, Money] = {}  # per tenant: its last runway, else a snapshot
-        self.from_runway: set[str] = set()  # tenants whose money came with a runway
+        # Per tenant: its money as its last runway said (the runway reader starts with
+        # every tenant's last, and the meter publishes each change). A tenant with none
+        # heard yet reads a ledger snapshot for each pass that decides it (decide()).
+        self.money: dict[str, Money] = {}
         self.dirty: set[str] = set()  # Workloads to decide
         self.stale: set[str] = set()  # tenants whose Workloads to decide again
         self.changed = asyncio.Event()
@@ -169,7 +172,6 @@ class RunwayCheckController:
         Workloads again."""
         if money is not None:
             self.money[tenant] = money
-            self.from_runway.add(tenant)
         self.stale.add(tenant)
         self.changed.set()
 
@@ -233,11 +235,6 @@ class RunwayCheckController:
                         full_at = loop.time()
                         busy = {v.tenant for v in self.views.values()
                                 if v.tenant and not v.finished and v.active}
-                        # A runway keeps its tenant's money current; a snapshot's is
-                        # taken again.
-                        self.money = {t: m for t, m in self.money.items()
-                                      if t in busy and t in self.from_runway}
-                        self.from_runway &= busy
                         self.stale |= busy
                     await self.decide(kueue)
                 except Exception as exc:
@@ -254,7 +251,8 @@ class RunwayCheckController:
 
     async def decide(self, kueue: Kueue) -> None:
         """Decide what is not settled among the changed Workloads and every Workload of
-        a woken tenant; a tenant without money (no runway heard yet) reads a snapshot."""
+        a woken tenant; a tenant without money (no runway heard yet) reads a snapshot,
+        used for this pass only (a runway, once heard, keeps the money current)."""
         keys, self.dirty = self.dirty, set()
         tenants, self.stale = self.stale, set()
         views = [v for k in keys if (v := self.views.get(k)) is not None]
@@ -262,23 +260,23 @@ class RunwayCheckController:
             views += [v for k, v in self.views.items() if v.tenant in tenants and k not in keys]
         live = [v for v in views if v.tenant and not v.finished and v.active]
         try:
-            for tenant in sorted({v.tenant for v in live if v.tenant not in self.money}):
-                m = await self.admission.money(tenant)
-                if m is None:
-                    self.money.pop(tenant, None)
-                else:
-                    self.money[tenant] = m
-            await self.reconcile(kueue, unsettled(live, self.money))
+            money: Mapping[str, Money] = self.money
+            snapshots = {t: m for t in sorted({v.tenant for v in live if v.tenant not in money})
+                         if (m := await self.admission.money(t)) is not None}
+            if snapshots:
+                money = ChainMap(snapshots, self.money)
+            await self.reconcile(kueue, unsettled(live, money), money)
         except Exception:  # e.g. Postgres away: decide them on the next pass
             self.dirty |= keys
             self.stale |= tenants
             raise
 
-    async def reconcile(self, kueue: Kueue, views: list[WorkloadView]) -> None:
+    async def reconcile(self, kueue: Kueue, views: list[WorkloadView],
+                        money: Mapping[str, Money] | None = None) -> None:
         if not views:
             return
         jobs = await self.admission.store.get_many(sorted({v.job_id for v in views}))
-        money = self.money
+        money = self.money if money is None else money
         # Patched side by side (the client's pool holds PATCH_CONCURRENCY connections):
         # after an apiserver restart every Workload that arrived meanwhile waits for its
         # verdict at once, and one after another they took seconds on a loaded apiserver.
