@@ -20,12 +20,12 @@ import logging
 import threading
 from collections import ChainMap
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 from kubernetes import client as k8s
-from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
+from kestrel import kubewatch
 from kestrel.kubeclient import new_api_client
 from kestrel.kubework import KUEUE_API_VERSION, KUEUE_GROUP
 from kestrel.v1 import common_pb2
@@ -80,29 +80,25 @@ class Kueue:
         self.custom: Any = k8s.CustomObjectsApi(new_api_client(kubeconfig, PATCH_CONCURRENCY))
 
     def workloads(self) -> tuple[list[dict[str, Any]], str]:
-        resp = self.custom.list_cluster_custom_object(KUEUE_GROUP, KUEUE_API_VERSION,
-                                                      "workloads")
-        return list(resp.get("items", [])), str(resp["metadata"]["resourceVersion"])
+        resp = kubewatch.loads(self.custom.list_cluster_custom_object(
+            KUEUE_GROUP, KUEUE_API_VERSION, "workloads", _preload_content=False).data)
+        return list(resp.get("items") or []), str(resp["metadata"]["resourceVersion"])
 
     def watch(self, resource_version: str, stop: threading.Event,
               emit: Callable[[str, dict[str, Any]], object]) -> None:
-        """Stream Workload events from resource_version until stop or an error.
+        """Stream Workload events from resource_version until stop or an error (an
+        ERROR event, 410 Gone above all, raises its ApiException).
 
-        Each event is parsed from JSON once (deserialize=False): the client's typed path
-        parsed it, wrote it back to JSON and parsed that again, a third of this
-        watch's CPU for dicts that come out the same."""
-        w: Any = cast(Callable[[], Any], k8s_watch.Watch)()
-        for event in w.stream(self.custom.list_cluster_custom_object, KUEUE_GROUP,
-                              KUEUE_API_VERSION, "workloads",
-                              resource_version=resource_version, timeout_seconds=60,
-                              deserialize=False):
+        Each event is parsed from JSON once, as a dict (kestrel.kubewatch): the client's
+        typed path parsed it, wrote it back to JSON and parsed that again, a third of
+        this watch's CPU for dicts that come out the same."""
+        for event in kubewatch.events(self.custom.list_cluster_custom_object, KUEUE_GROUP,
+                                      KUEUE_API_VERSION, "workloads",
+                                      resource_version=resource_version, timeout_s=60):
             if stop.is_set():
-                w.stop()
                 return
-            if event["type"] == "ERROR":
-                raise ApiException(status=event["object"].get("code", 500),
-                                   reason=str(event["object"].get("message")))
-            emit(event["type"], event["object"])
+            if event["type"] != "BOOKMARK":
+                emit(event["type"], event["object"])
 
     def set_check(self, w: WorkloadView, check: str, v: Verdict) -> None:
         """One JSON Patch on our entry, found at the watched index; its `test` op makes

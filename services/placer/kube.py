@@ -7,17 +7,16 @@ the pure lifecycle functions read.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, cast
+from typing import Any
 
 from kubernetes import client as k8s
-from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
+from kestrel import kubewatch
 from kestrel.kubeclient import new_api_client as new_api_client
 from services.placer.lifecycle import JOB_ID_LABEL
 
@@ -56,7 +55,7 @@ class Kube:
 
     @staticmethod
     def _raw(resp: Any) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(resp.data)
+        data: dict[str, Any] = kubewatch.loads(resp.data)
         return data
 
     def _core(self, method: str, path: str, body: Any = None,
@@ -210,10 +209,8 @@ class Kube:
 
     def watch_raw(self, kind: str, resource_version: str,
                   timeout_s: int) -> Iterator[dict[str, Any]]:
-        w = cast(Any, k8s_watch).Watch()
-        yield from w.stream(self.lister(kind), resource_version=resource_version,
-                            timeout_seconds=timeout_s, allow_watch_bookmarks=True,
-                            deserialize=False)
+        yield from kubewatch.events(self.lister(kind), resource_version=resource_version,
+                                    timeout_s=timeout_s)
 
 
 class Watcher(threading.Thread):
