@@ -36,6 +36,7 @@ from services.admission.runway_check import (
     Verdict,
     WorkloadView,
     changes,
+    decides_alike,
     money_of,
     to_deactivate,
     unsettled,
@@ -165,9 +166,12 @@ class RunwayCheckController:
 
     def wake(self, tenant: str, money: Money | None = None) -> None:
         """A held job of the tenant changed, or (with `money`) its runway: decide its
-        Workloads again."""
+        Workloads again, unless the new money decides them alike (decides_alike)."""
         if money is not None:
+            old = self.money.get(tenant)
             self.money[tenant] = money
+            if old is not None and decides_alike(old, money):
+                return
         self.stale.add(tenant)
         self.changed.set()
 

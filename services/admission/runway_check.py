@@ -72,6 +72,14 @@ def money_of(runway: common_pb2.Runway) -> Money:
     return Money(Decimal(runway.credits or "0"), Decimal(runway.charged or "0"))
 
 
+def decides_alike(old: Money, new: Money) -> bool:
+    """Whether every verdict, settlement and deactivation made with `old` stays the same
+    with `new`: they read money only through `spent`, and a spent tenant's message its
+    credits. Most runways change neither (they move charged and reserved), so a tenant's
+    Workloads need no new pass for them."""
+    return old.spent == new.spent and (not new.spent or old.credits == new.credits)
+
+
 @dataclass(frozen=True)
 class Verdict:
     state: CheckState

@@ -8,12 +8,13 @@ import pytest
 
 from kestrel.jobs import JobRow, JobState
 from kestrel.v1 import common_pb2
-from services.admission.kueue import view
+from services.admission.kueue import RunwayCheckController, view
 from services.admission.runway_check import (
     CheckState,
     Money,
     WorkloadView,
     changes,
+    decides_alike,
     money_of,
     settled,
     to_deactivate,
@@ -125,3 +126,38 @@ def test_the_money_a_runway_carries_is_what_the_check_decides_spent_on() -> None
     assert fresh == Money(Decimal("10.5"), Decimal("2.25")) and not fresh.spent
     assert money_of(common_pb2.Runway(tenant="acme", credits="3", charged="3")).spent
     assert money_of(common_pb2.Runway(tenant="acme")).spent  # nothing topped up yet
+
+
+@pytest.mark.parametrize(("name", "old", "new", "alike"), [
+    ("charging more with money left decides alike", FINE, Money(Decimal(10), Decimal(7)),
+     True),
+    ("a top-up with money left decides alike", FINE, Money(Decimal(50), Decimal(2)), True),
+    ("spending the last of it does not", FINE, SPENT, False),
+    ("a top-up of a spent tenant does not", SPENT, Money(Decimal(20), Decimal(10)), False),
+    ("a spent tenant's smaller top-up changes its message", SPENT,
+     Money(Decimal(11), Decimal(12)), False),
+    ("a spent tenant charged more keeps its verdicts", SPENT, Money(Decimal(10), Decimal(12)),
+     True),
+])
+def test_decides_alike(name: str, old: Money, new: Money, alike: bool) -> None:
+    assert decides_alike(old, new) is alike
+    # What it promises, on a pending Workload and a Ready one: the same decisions.
+    for w in (WorkloadView("ns", "w", "job-1", "Pending", "", False, True, False,
+                           tenant="acme"),
+              WorkloadView("ns", "w", "job-1", "Ready", "", False, True, True,
+                           tenant="acme")):
+        for state in (JobState.ADMITTED, JobState.HELD):
+            same = (verdict(job(state), old) == verdict(job(state), new)
+                    and settled(w, old) == settled(w, new))
+            assert same or not alike, name
+
+
+def test_a_runway_that_decides_alike_wakes_no_tenant_pass() -> None:
+    rc = RunwayCheckController(None, "", "kestrel-runway")  # type: ignore[arg-type]
+    rc.heard(common_pb2.Runway(tenant="acme", credits="10", charged="2"))
+    assert rc.stale == {"acme"}  # the first money heard: decide with it
+    rc.stale.clear()
+    rc.heard(common_pb2.Runway(tenant="acme", credits="10", charged="7"))
+    assert rc.stale == set() and rc.money["acme"] == Money(Decimal(10), Decimal(7))
+    rc.heard(common_pb2.Runway(tenant="acme", credits="10", charged="10"))
+    assert rc.stale == {"acme"}  # spent: its Workloads wait, admitted ones stop
