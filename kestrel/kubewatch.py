@@ -45,6 +45,10 @@ def events(call: Callable[..., Any], *args: Any, resource_version: str, timeout_
         if rest.strip():
             yield event_of(rest)
     finally:
+        # Closed before it goes back to the pool, as the client's own Watch does: a
+        # watch left mid-stream (an ERROR event, a stop) still has bytes unread, and a
+        # pooled connection with a body pending would hand them to the next request.
+        resp.close()
         resp.release_conn()
 
 

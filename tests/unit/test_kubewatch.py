@@ -1,6 +1,7 @@
 """kestrel.kubewatch reading a watch stream: events split across chunks come out
 whole, bookmarks pass, an ERROR event raises its status (410 Gone relists), a refused
-watch raises, and the connection goes back to the pool however the read ends."""
+watch raises, and the connection goes back to the pool closed however the read ends
+(one left mid-stream would hand its unread bytes to the next request)."""
 
 from __future__ import annotations
 
@@ -22,12 +23,16 @@ class Response:
         self.status = status
         self.reason = "Forbidden" if status == 403 else "OK"
         self.released = False
+        self.closed = False
 
     def stream(self, amt: Any = None, decode_content: bool = True) -> Iterator[bytes]:
         yield from self.chunks
 
+    def close(self) -> None:
+        self.closed = True
+
     def release_conn(self) -> None:
-        self.released = True
+        self.released = self.closed  # pooled only once closed: nothing left unread
 
 
 def line(kind: str, name: str, rv: str) -> bytes:
