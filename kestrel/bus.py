@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,7 +22,6 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -29,7 +31,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from kestrel import natsauth
 from kestrel.service import pause_unless_stopped
@@ -302,13 +304,143 @@ class Durable:
                               deliver_policy=self.deliver_policy)
 
 
-async def pull(js: JetStreamContext, durable: Durable,
+PULL_EXPIRES_S = 0.5  # how long one pull request waits on the server for messages
+# A request neither filled nor answered this long after it expired was lost (NATS
+# restarted, the client reconnected): the next fetch asks again.
+PULL_LOST_S = 1.0
+# After a burst, how long a fetch waits for more of the same request before it returns
+# what it has: a backlog arrives in socket-sized chunks a few hundred microseconds apart,
+# and one transaction per thousand messages is cheaper than one per chunk.
+PULL_LINGER_S = 0.002
+
+
+class Refused(Exception):
+    """JetStream ended a pull request with an error status (409 and the like)."""
+
+
+class Puller:
+    """The fetches of one durable pull consumer, gathered by a callback on one inbox.
+
+    nats-py's `fetch` takes every message off its queue with a task and a timeout of its
+    own, about 25 us a message of CPU here (bench-meter, 1,000-message batches: 35 us
+    a message fetched and acknowledged, against 10 us this way). The pull protocol is
+    JetStream's own: a request on $JS.API.CONSUMER.MSG.NEXT.<stream>.<durable> for up to
+    `batch` messages, which the server answers on the reply inbox with messages (their
+    reply subject is their $JS.ACK) until the batch is full, or with a status (408 when
+    it expired unfilled). At most one request is in flight; what it delivers stays in
+    `ready` until a fetch takes it, so nothing delivered is dropped."""
+
+    def __init__(self, nc: NATS, durable: Durable) -> None:
+        self.nc = nc
+        self.durable = durable
+        self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{durable.stream}.{durable.name}"
+        self.inbox = nc.new_inbox()
+        self.ready: deque[Msg] = deque()
+        self.arrived = asyncio.Event()
+        self.owed = 0  # messages the request in flight may still deliver
+        self.lapses = 0.0  # monotonic time after which that request is lost in any case
+        self.refused: str | None = None
+        self.prefetching = False  # the request in flight was sent ahead (see fetch)
+        self.sub: Any = None
+
+    @classmethod
+    async def open(cls, nc: NATS, durable: Durable) -> Puller:
+        """Create the durable consumer unless it exists (an existing one keeps its
+        configuration, as with nats-py's pull_subscribe), then listen on the inbox."""
+        js = nc.jetstream()
+        try:
+            await js.consumer_info(durable.stream, durable.name)
+        except NotFoundError:
+            config = durable.config()
+            config.filter_subject = durable.subject
+            config.name = config.durable_name = durable.name
+            await js.add_consumer(durable.stream, config=config)
+        self = cls(nc, durable)
+        self.sub = await nc.subscribe(self.inbox, cb=self.on_msg)
+        return self
+
+    async def on_msg(self, msg: Msg) -> None:
+        if msg.reply and msg.reply.startswith("$JS.ACK."):  # a stream message
+            self.ready.append(msg)
+            self.owed = max(0, self.owed - 1)
+        else:  # a status: the request is over (408, 404) or was refused (409 ...)
+            status = (msg.headers or {}).get("Status", "")
+            if status == "100":  # a heartbeat or flow control: none are asked for
+                return
+            self.owed = 0
+            if status not in ("404", "408"):
+                self.refused = f"{status} {(msg.headers or {}).get('Description', '')}"
+        self.arrived.set()
+
+    def in_flight(self) -> bool:
+        return self.owed > 0 and time.monotonic() < self.lapses
+
+    async def _ask(self, batch: int, *, ahead: bool = False) -> None:
+        self.prefetching = ahead
+        self.owed = batch
+        self.lapses = time.monotonic() + PULL_EXPIRES_S + PULL_LOST_S
+        await self.nc.publish(self.next_subject, json.dumps(
+            {"batch": batch, "expires": int(PULL_EXPIRES_S * 1e9)}).encode(), reply=self.inbox)
+
+    async def fetch(self, batch: int, timeout: float) -> list[Msg]:  # noqa: ASYNC109
+        """Up to `batch` messages: those already here, else the first to arrive within
+        `timeout` together with the rest of its burst; [] when none came. Raises
+        Refused when JetStream refused the pull."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.ready:
+            if self.refused:
+                why, self.refused = self.refused, None
+                raise Refused(f"{self.durable.name}: pull refused: {why}")
+            if not self.in_flight():
+                await self._ask(batch)
+            self.arrived.clear()
+            left = deadline - loop.time()
+            if left <= 0:
+                return []
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.arrived.wait(), left)
+        # A burst (more than one came at once) is likely a backlog: take the rest of
+        # the request while it keeps coming.
+        while 1 < len(self.ready) < batch and self.in_flight():
+            had = len(self.ready)
+            self.arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.arrived.wait(), PULL_LINGER_S)
+            if len(self.ready) == had:
+                break
+        out = [self.ready.popleft() for _ in range(min(batch, len(self.ready)))]
+        if len(out) == batch and not self.in_flight() and not self.ready:
+            # A full batch: ask for the next one now, so that it arrives while this one
+            # is handled (close takes it back if the consumer stops first).
+            await self._ask(batch, ahead=True)
+        return out
+
+    async def close(self) -> None:
+        """Stop listening; what arrived and was not handled goes back to the stream now
+        (nak) rather than after its ack wait. A batch asked for ahead is waited for
+        first (it is on its way: unheard, it would wait out its ack wait)."""
+        deadline = time.monotonic() + PULL_EXPIRES_S
+        while self.prefetching and self.in_flight() and time.monotonic() < deadline:
+            self.arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.arrived.wait(), deadline - time.monotonic())
+        with contextlib.suppress(Exception):
+            if self.sub is not None:
+                await self.sub.unsubscribe()
+        while self.ready:
+            with contextlib.suppress(Exception):
+                await self.ready.popleft().nak()
+
+
+async def pull(nc: NATS, durable: Durable,
                handle: Callable[[list[Msg]], Awaitable[None]], stop: asyncio.Event) -> None:
     """The loop every durable consumer runs, with one policy for failures:
 
-    1. Fetch up to `durable.batch` messages (a 0.5 s long poll). A fetch that fails
-       (NATS away while nats-py reconnects) is logged and tried again after
-       FETCH_RETRY_S; the stream keeps whatever was not acknowledged.
+    1. Fetch up to `durable.batch` messages (a 0.5 s long poll, kestrel.bus.Puller). A
+       fetch that fails (NATS away while nats-py reconnects, a refused pull) is logged
+       and tried again after FETCH_RETRY_S; the stream keeps whatever was not
+       acknowledged.
     2. `handle(msgs)` owns the batch. It acknowledges what it has done; it parks what
        it cannot use (`park_and_term`: kestrel.deadletter.<service>, so a bad message
        never blocks the consumer); work that failed on a dependency it either retries
@@ -320,26 +452,28 @@ async def pull(js: JetStreamContext, durable: Durable,
        acknowledged keeps its ack): redelivered, never dropped. Handlers are
        idempotent (by event or job id), so a message handled twice changes nothing.
     """
-    sub = await js.pull_subscribe(durable.subject, durable=durable.name,
-                                  stream=durable.stream, config=durable.config())
-    while not stop.is_set():
-        try:
-            msgs = await sub.fetch(durable.batch, timeout=0.5)
-        except (TimeoutError, NatsTimeout):
-            continue
-        except Exception as exc:
-            log.warning("%s: fetch failed (%s); again in %.1fs", durable.name, exc,
-                        FETCH_RETRY_S)
-            await asyncio.sleep(FETCH_RETRY_S)
-            continue
-        try:
-            await handle(msgs)
-        except Exception:
-            log.exception("%s: a batch of %d failed; redelivery in %.1fs", durable.name,
-                          len(msgs), WORK_RETRY_S)
-            for m in msgs:
-                with contextlib.suppress(Exception):  # acknowledged ones refuse it
-                    await m.nak(delay=WORK_RETRY_S)
+    puller = await Puller.open(nc, durable)
+    try:
+        while not stop.is_set():
+            try:
+                msgs = await puller.fetch(durable.batch, timeout=PULL_EXPIRES_S)
+            except Exception as exc:
+                log.warning("%s: fetch failed (%s); again in %.1fs", durable.name, exc,
+                            FETCH_RETRY_S)
+                await asyncio.sleep(FETCH_RETRY_S)
+                continue
+            if not msgs:
+                continue
+            try:
+                await handle(msgs)
+            except Exception:
+                log.exception("%s: a batch of %d failed; redelivery in %.1fs", durable.name,
+                              len(msgs), WORK_RETRY_S)
+                for m in msgs:
+                    with contextlib.suppress(Exception):  # acknowledged ones refuse it
+                        await m.nak(delay=WORK_RETRY_S)
+    finally:
+        await puller.close()
 
 
 async def until_done(what: str, fn: Callable[[], Awaitable[T]],

@@ -123,7 +123,7 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
     runways = Runways()
     runways.listen(on_runway(reeval, controller.heard if controller is not None else None))
     tasks = [asyncio.create_task(runway.follow(js, runways, stop), name="runway"),
-             asyncio.create_task(follow_workloads(js, admission, reeval, stop)),
+             asyncio.create_task(follow_workloads(nc, admission, reeval, stop)),
              asyncio.create_task(every(10, stop, refresh_prices, "refreshing prices failed",
                                        log)),
              asyncio.create_task(every(5, stop, sweep_held, "sweeping held jobs failed", log)),

@@ -16,8 +16,8 @@ import functools
 import logging
 from collections.abc import Callable
 
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 
 from kestrel import bus
 from kestrel.v1 import common_pb2, events_pb2
@@ -81,8 +81,10 @@ def on_runway(reeval: Reevaluator,
     return listener
 
 
-async def follow_workloads(js: JetStreamContext, admission: Admission, reeval: Reevaluator,
+async def follow_workloads(nc: NATS, admission: Admission, reeval: Reevaluator,
                            stop: asyncio.Event) -> None:
+    js = nc.jetstream()
+
     async def handle(msgs: list[Msg]) -> None:
         for m in msgs:
             try:
@@ -102,5 +104,5 @@ async def follow_workloads(js: JetStreamContext, admission: Admission, reeval: R
             if e.type in CLOSING and wants_decision(admission, e.tenant):
                 reeval.request(e.tenant)  # its quota and money are free again
 
-    await bus.pull(js, bus.Durable("KESTREL_WORKLOADS", "kestrel.workload.>", "admission", 256),
+    await bus.pull(nc, bus.Durable("KESTREL_WORKLOADS", "kestrel.workload.>", "admission", 256),
                    handle, stop)

@@ -139,7 +139,7 @@ async def run(config: MeterConfig, stop: asyncio.Event) -> None:
     meter_pb2_grpc.add_MeterServicer_to_server(MeterServicer(meter), server.server)
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
-    consumer = WorkloadConsumer(js, meter, batch=config.batch, on_bad=metrics.bad_events.inc)
+    consumer = WorkloadConsumer(nc, meter, batch=config.batch, on_bad=metrics.bad_events.inc)
     consumer_task = asyncio.create_task(consumer.run(), name="consumer")
 
     async def tick() -> None:

@@ -12,8 +12,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 
 from kestrel import bus
 from kestrel.v1 import events_pb2
@@ -28,16 +28,17 @@ STREAM = "KESTREL_WORKLOADS"
 
 
 class WorkloadConsumer:
-    def __init__(self, js: JetStreamContext, meter: Meter, *, batch: int = 1000,
+    def __init__(self, nc: NATS, meter: Meter, *, batch: int = 1000,
                  on_bad: Callable[[], None] = lambda: None) -> None:
-        self.js = js
+        self.nc = nc
+        self.js = nc.jetstream()
         self.meter = meter
         self.batch = batch
         self.on_bad = on_bad
         self._stopping = asyncio.Event()
 
     async def run(self) -> None:
-        await bus.pull(self.js, bus.Durable(STREAM, "kestrel.workload.>", DURABLE, self.batch,
+        await bus.pull(self.nc, bus.Durable(STREAM, "kestrel.workload.>", DURABLE, self.batch,
                                             max_ack_pending=50_000),
                        self._handle, self._stopping)
 

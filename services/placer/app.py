@@ -143,7 +143,7 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     placer_pb2_grpc.add_PlacerServicer_to_server(PlacerServicer(placer), server.server)
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
-    jobs = consume_admitted(js, placer, stop, ack_wait_s=config.ack_wait_s)
+    jobs = consume_admitted(nc, placer, stop, ack_wait_s=config.ack_wait_s)
     tasks += [asyncio.create_task(jobs, name="jobs"),
               asyncio.create_task(every(
                   config.refresh_s, stop, placer.refresh,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -72,13 +73,14 @@ async def take_over_in_flight(js: JetStreamContext) -> int:
     return pending
 
 
-async def consume_admitted(js: JetStreamContext, placer: Placer, stop: asyncio.Event,
+async def consume_admitted(nc: NATS, placer: Placer, stop: asyncio.Event,
                            batch: int = 64, ack_wait_s: int = ACK_WAIT_S) -> None:
+    js = nc.jetstream()
     await take_over_in_flight(js)
 
     async def handle(msgs: list[Msg]) -> None:
         # Jobs are independent: place a batch concurrently, ack or nak each on its own.
         await asyncio.gather(*(_handle(js, placer, m) for m in msgs))
 
-    await bus.pull(js, bus.Durable(STREAM, "kestrel.jobs.admitted.>", DURABLE, batch,
+    await bus.pull(nc, bus.Durable(STREAM, "kestrel.jobs.admitted.>", DURABLE, batch,
                                    ack_wait_s=ack_wait_s), handle, stop)

@@ -477,7 +477,7 @@ async def placer_consumer(clean_bus: str) -> AsyncIterator[FakePlacer]:
     fake = FakePlacer()
     nc = await bus.connect(clean_bus, "placer-consumer")
     stop = asyncio.Event()
-    task = asyncio.create_task(consume_admitted(nc.jetstream(), fake, stop))  # type: ignore[arg-type]
+    task = asyncio.create_task(consume_admitted(nc, fake, stop))  # type: ignore[arg-type]
     try:
         yield fake
     finally:

@@ -7,7 +7,6 @@ import asyncio
 from typing import Any
 
 import pytest
-from nats.errors import TimeoutError as NatsTimeout
 
 from kestrel import bus
 
@@ -27,10 +26,13 @@ class Msg:
         self.naks.append(delay or 0.0)
 
 
-class Sub:
+class Puller:
+    """What bus.pull sees of kestrel.bus.Puller: scripted fetches."""
+
     def __init__(self, script: list[Any], stop: asyncio.Event) -> None:
         self.script = script
         self.stop = stop
+        self.closed = False
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:  # noqa: ASYNC109
         step = self.script.pop(0)
@@ -42,26 +44,24 @@ class Sub:
         result: list[Msg] = step
         return result
 
-
-class JS:
-    def __init__(self, sub: Sub) -> None:
-        self.sub = sub
-        self.subscribed: dict[str, Any] = {}
-
-    async def pull_subscribe(self, subject: str, **kw: Any) -> Sub:
-        self.subscribed = {"subject": subject, **kw}
-        return self.sub
+    async def close(self) -> None:
+        self.closed = True
 
 
 DURABLE = bus.Durable("KESTREL_WORKLOADS", "kestrel.workload.>", "meter", batch=10)
 
 
-def run(script: list[Any], handle: Any) -> JS:
-    async def go() -> JS:
+def run(script: list[Any], handle: Any, monkeypatch: pytest.MonkeyPatch) -> Puller:
+    async def go() -> Puller:
         stop = asyncio.Event()
-        js = JS(Sub(script, stop))
-        await bus.pull(js, DURABLE, handle, stop)  # type: ignore[arg-type]
-        return js
+        puller = Puller(script, stop)
+
+        async def open_(nc: Any, durable: bus.Durable) -> Puller:
+            assert durable is DURABLE
+            return puller
+        monkeypatch.setattr(bus.Puller, "open", open_)
+        await bus.pull(None, DURABLE, handle, stop)  # type: ignore[arg-type]
+        return puller
     return asyncio.run(go())
 
 
@@ -70,15 +70,8 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bus, "FETCH_RETRY_S", 0.01)
 
 
-def test_the_consumer_is_durable_with_explicit_acks_and_unlimited_redelivery() -> None:
-    js = run([[]], lambda msgs: asyncio.sleep(0))
-    cfg = js.subscribed["config"]
-    assert (js.subscribed["subject"], js.subscribed["durable"], js.subscribed["stream"]) == (
-        "kestrel.workload.>", "meter", "KESTREL_WORKLOADS")
-    assert (cfg.ack_policy.value, cfg.max_deliver, cfg.ack_wait) == ("explicit", -1, 30)
-
-
-def test_an_empty_poll_and_a_failed_fetch_are_tried_again_and_the_next_batch_handled() -> None:
+def test_an_empty_poll_and_a_failed_fetch_are_tried_again_and_the_next_batch_handled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
 
     async def handle(msgs: list[Msg]) -> None:
@@ -87,18 +80,20 @@ def test_an_empty_poll_and_a_failed_fetch_are_tried_again_and_the_next_batch_han
             await m.ack()
 
     a, b = Msg("a"), Msg("b")
-    run([NatsTimeout(), ConnectionResetError("nats away"), [a, b]], handle)
+    puller = run([[], bus.Refused("409 Exceeded MaxWaiting"), ConnectionResetError("nats away"),
+                  [a, b]], handle, monkeypatch)
     assert seen == ["a", "b"] and a.acked and b.acked
+    assert puller.closed
 
 
 def test_a_batch_whose_handler_raises_is_nakd_for_redelivery_and_acked_ones_keep_their_ack(
-) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     async def handle(msgs: list[Msg]) -> None:
         await msgs[0].ack()
         raise RuntimeError("the store went away")
 
     a, b, c = Msg("a"), Msg("b"), Msg("c")
-    run([[a, b, c]], handle)
+    run([[a, b, c]], handle, monkeypatch)
     assert a.acked and a.naks == []
     assert b.naks == [bus.WORK_RETRY_S] and c.naks == [bus.WORK_RETRY_S]
 
