@@ -90,6 +90,10 @@ async def deliver(p: bus.Puller, *msgs: Msg) -> None:
         await p.on_msg(m)  # type: ignore[arg-type]
 
 
+def names(msgs: list[Any]) -> list[str]:
+    return [m.name for m in msgs]
+
+
 def later(p: bus.Puller, *msgs: Msg, after_s: float = 0.01) -> asyncio.Task[None]:
     async def go() -> None:
         await asyncio.sleep(after_s)
@@ -123,7 +127,7 @@ async def test_a_fetch_asks_for_a_batch_with_an_expiry_and_returns_the_first_arr
     p, nc = await opened()
     later(p, stream_msg("a"))
     got = await p.fetch(3, timeout=1)
-    assert [m.name for m in got] == ["a"]  # not held back until the batch is full
+    assert names(got) == ["a"]  # not held back until the batch is full
     assert nc.asked == [{"batch": 3, "expires": 200_000_000}]
 
 
@@ -134,7 +138,7 @@ async def test_while_a_request_is_in_flight_no_other_is_sent_and_its_later_messa
     assert await p.fetch(3, timeout=0.02) == []
     assert len(nc.asked) == 1
     await deliver(p, stream_msg("a"), stream_msg("b"))
-    assert [m.name for m in await p.fetch(3, timeout=0.02)] == ["a", "b"]
+    assert names(await p.fetch(3, timeout=0.02)) == ["a", "b"]
     assert len(nc.asked) == 1  # one message is still owed on that request
 
 
@@ -143,7 +147,7 @@ async def test_a_request_that_expired_unfilled_is_followed_by_a_new_one() -> Non
     later(p, status("408", "Request Timeout"), after_s=0.01)
     later(p, stream_msg("a"), after_s=0.05)
     got = await p.fetch(3, timeout=1)
-    assert [m.name for m in got] == ["a"] and len(nc.asked) == 2
+    assert names(got) == ["a"] and len(nc.asked) == 2
 
 
 async def test_a_request_never_answered_is_taken_as_lost_and_asked_again() -> None:
@@ -158,7 +162,7 @@ async def test_a_refused_pull_raises_with_the_status_and_the_next_fetch_asks_aga
     with pytest.raises(bus.Refused, match="409 Exceeded MaxWaiting"):
         await p.fetch(3, timeout=1)
     later(p, stream_msg("a"))
-    assert [m.name for m in await p.fetch(3, timeout=1)] == ["a"]
+    assert names(await p.fetch(3, timeout=1)) == ["a"]
     assert len(nc.asked) == 2
 
 
@@ -167,7 +171,7 @@ async def test_heartbeats_are_ignored_and_a_stream_message_is_one_whatever_its_h
     forged = Msg("forged", reply="$JS.ACK.KESTREL_WORKLOADS.meter.1.9.9.0.0",
                  headers={"Status": "409"})
     await deliver(p, status("100", "Idle Heartbeat"), forged)
-    assert [m.name for m in await p.fetch(3, timeout=0.05)] == ["forged"]
+    assert names(await p.fetch(3, timeout=0.05)) == ["forged"]
 
 
 async def test_a_burst_is_gathered_while_it_keeps_coming_up_to_the_batch() -> None:
@@ -177,8 +181,8 @@ async def test_a_burst_is_gathered_while_it_keeps_coming_up_to_the_batch() -> No
     later(p, stream_msg("c"), after_s=0.0065)  # 1.5 ms after the first chunk: same burst
     later(p, stream_msg("d"), after_s=0.3)  # long after: the next fetch's
     got = await p.fetch(5, timeout=1)
-    assert [m.name for m in got] == ["a", "b", "c"]
-    assert [m.name for m in await p.fetch(5, timeout=1)] == ["d"]
+    assert names(got) == ["a", "b", "c"]
+    assert names(await p.fetch(5, timeout=1)) == ["d"]
     assert len(nc.asked) == 1
 
 
@@ -186,7 +190,7 @@ async def test_a_full_batch_asks_for_the_next_ahead_and_close_takes_back_what_wa
 ) -> None:
     p, nc = await opened()
     later(p, *(stream_msg(n) for n in "abc"))
-    assert [m.name for m in await p.fetch(3, timeout=1)] == ["a", "b", "c"]
+    assert names(await p.fetch(3, timeout=1)) == ["a", "b", "c"]
     assert len(nc.asked) == 2  # the next batch is on its way while this one is handled
     d, e = stream_msg("d"), stream_msg("e")
     later(p, d, e, status("408"), after_s=0.02)
