@@ -11,7 +11,10 @@ against the bare pipeline of this machine measured in the same run.
 3. Check exactness: each allocation's rows sum to gpus x (end - start); no
    event lost, no allocation closed twice.
 4. Run the bare pipeline (bench/raw_pipeline.py) over the same messages in
-   the same way: the ceiling this machine gives that path.
+   the same way: the ceiling this machine gives that path. Twice: with the
+   stock client's fetch (nats-py; the baseline of `ratio`), and with the pull
+   the meter itself uses (kestrel.bus.Puller; `ratio_vs_puller`), so that what
+   the meter gains from its client is not mistaken for a lean meter.
 """
 
 from __future__ import annotations
@@ -107,6 +110,23 @@ async def table_exists(conn: asyncpg.Connection, table: str) -> bool:
     return bool(await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table))
 
 
+async def raw_pipeline(stack: Stack, db: asyncpg.Connection, n: int, batch: int, client: str,
+                       table: str) -> float:
+    console.print(f"raw pipeline ({client}): consuming the same messages")
+    launch = time.perf_counter()
+    raw = await asyncio.create_subprocess_exec(
+        sys.executable, str(REPO / "bench" / "raw_pipeline.py"), stack.nats_url,
+        stack.postgres_owner_dsn, str(n), str(batch), client, cwd=REPO,
+        env={"PYTHONPATH": str(REPO)})
+    while not await table_exists(db, table):  # noqa: ASYNC110 - another process
+        await asyncio.sleep(0.01)
+    first, n_first, last = await watch_count(db, table, n, 300)
+    await asyncio.wait_for(raw.wait(), 60)
+    rate = rate_of(n, launch, first, n_first, last)
+    console.print(f"\n  raw pipeline ({client}) stored {n:,} events: {rate:,.0f}/s")
+    return rate
+
+
 async def run(n: int, tenants: int, batch: int, keep: bool) -> int:
     root = REPO / ".run" / "bench-meter"
     shutil.rmtree(root, ignore_errors=True)
@@ -166,18 +186,10 @@ async def run(n: int, tenants: int, batch: int, keep: bool) -> int:
         meter.stop()
         meter = None
 
-        # The bare pipeline over the same messages.
-        console.print("raw pipeline: consuming the same messages")
-        r_launch = time.perf_counter()
-        raw = await asyncio.create_subprocess_exec(
-            sys.executable, str(REPO / "bench" / "raw_pipeline.py"), stack.nats_url,
-            stack.postgres_owner_dsn, str(n), str(batch), cwd=REPO, env={"PYTHONPATH": str(REPO)})
-        while not await table_exists(db, "raw_events"):  # noqa: ASYNC110 - another process
-            await asyncio.sleep(0.01)
-        r_first, r_n_first, r_last = await watch_count(db, "raw_events", n, 300)
-        await asyncio.wait_for(raw.wait(), 60)
-        raw_rate = rate_of(n, r_launch, r_first, r_n_first, r_last)
-        console.print(f"\n  raw pipeline stored {n:,} events: {raw_rate:,.0f}/s")
+        # The bare pipeline over the same messages: with the stock client's fetch (the
+        # baseline of the ratio), then with the meter's own pull (kestrel.bus.Puller).
+        raw_rate = await raw_pipeline(stack, db, n, batch, "nats-py", "raw_events")
+        puller_rate = await raw_pipeline(stack, db, n, batch, "puller", "raw_events_puller")
         await db.close()
     finally:
         if meter is not None:
@@ -196,15 +208,19 @@ async def run(n: int, tenants: int, batch: int, keep: bool) -> int:
         t.add_column(col)
     t.add_row("events", f"{n:,}", "")
     t.add_row("meter ingest/s", f"{ingest:,.0f}", ">= 10,000")
-    t.add_row("raw pipeline/s (same run)", f"{raw_rate:,.0f}", "baseline")
-    t.add_row("ratio", f"{ratio:.2f}", ">= 0.5")
+    t.add_row("raw pipeline/s, nats-py fetch (same run)", f"{raw_rate:,.0f}", "baseline")
+    t.add_row("ratio", f"{ratio:.2f}", ">= 0.8")
+    t.add_row("raw pipeline/s, Kestrel's pull (same run)", f"{puller_rate:,.0f}", "")
+    t.add_row("ratio against it", f"{ingest / puller_rate:.2f}", "")
     t.add_row("runway messages", f"{len(latencies):,}", "")
     t.add_row("runway p50 / p99 ms", f"{pct(0.5):.1f} / {pct(0.99):.1f}", "p99 <= 50")
     t.add_row("ledger exact / lost / duplicated", f"{exact} / {lost} / {duplicated}",
               "true / 0 / 0")
     Console().print(t)
     print(f"meter: events={n} ingest_per_s={ingest:.0f} raw_pipeline_per_s={raw_rate:.0f} "
-          f"ratio={ratio:.2f} runway_p50_ms={pct(0.5):.1f} runway_p99_ms={pct(0.99):.1f} "
+          f"ratio={ratio:.2f} raw_puller_per_s={puller_rate:.0f} "
+          f"ratio_vs_puller={ingest / puller_rate:.2f} runway_p50_ms={pct(0.5):.1f} "
+          f"runway_p99_ms={pct(0.99):.1f} "
           f"ledger_exact={str(exact).lower()} lost={lost} duplicated={duplicated}")
     return 0 if exact and lost == 0 and duplicated == 0 else 1
 
