@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from decimal import Decimal
+from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from kestrel.jobs import JobRow, JobState
 from kestrel.v1 import common_pb2
@@ -161,3 +164,35 @@ def test_a_runway_that_decides_alike_wakes_no_tenant_pass() -> None:
     assert rc.stale == set() and rc.money["acme"] == Money(Decimal(10), Decimal(7))
     rc.heard(common_pb2.Runway(tenant="acme", credits="10", charged="10"))
     assert rc.stale == {"acme"}  # spent: its Workloads wait, admitted ones stop
+
+
+def test_the_workload_watch_goes_on_from_where_it_ended_and_relists_only_on_a_break() -> None:
+    """A watch the apiserver ends (every minute) is resumed from its last
+    resourceVersion, bookmarks included; only an error (410 Gone) lists again."""
+    calls: list[str] = []
+    halt = threading.Event()
+
+    class FakeKueue:
+        lists = 0
+
+        def workloads(self) -> tuple[list[dict[str, Any]], str]:
+            self.lists += 1
+            calls.append("list")
+            return [], "5" if self.lists == 1 else "40"
+
+        def watch(self, rv: str, stop: threading.Event, emit: Any) -> str:
+            calls.append(f"watch {rv}")
+            if rv == "5":
+                return "9"  # timed out; the last event or bookmark seen was at 9
+            if rv == "9":
+                raise ApiException(status=410, reason="Gone")
+            halt.set()
+            return rv
+
+    class Loop:
+        def call_soon_threadsafe(self, fn: Any, *args: Any) -> None:
+            fn(*args)
+
+    rc = RunwayCheckController(None, "", "kestrel-runway")  # type: ignore[arg-type]
+    rc._watch_forever(FakeKueue(), Loop(), halt)  # type: ignore[arg-type]
+    assert calls == ["list", "watch 5", "watch 9", "list", "watch 40"]
