@@ -297,6 +297,10 @@ class Durable:
     ack_wait_s: int = 30
     max_ack_pending: int = 10_000
     deliver_policy: DeliverPolicy = DeliverPolicy.ALL
+    # How long a fetch that got a first message waits for more before it hands out a
+    # batch short of `batch`: for a consumer whose cost is per batch rather than per
+    # message (the meter: one transaction each), at the price of that much latency.
+    gather_s: float = 0.0
 
     def config(self) -> ConsumerConfig:
         return ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s,
@@ -382,10 +386,12 @@ class Puller:
         await self.nc.publish(self.next_subject, json.dumps(
             {"batch": batch, "expires": int(PULL_EXPIRES_S * 1e9)}).encode(), reply=self.inbox)
 
-    async def fetch(self, batch: int, timeout: float) -> list[Msg]:  # noqa: ASYNC109
+    async def fetch(self, batch: int, timeout: float,  # noqa: ASYNC109
+                    gather_s: float = 0.0) -> list[Msg]:
         """Up to `batch` messages: those already here, else the first to arrive within
-        `timeout` together with the rest of its burst; [] when none came. Raises
-        Refused when JetStream refused the pull."""
+        `timeout` together with the rest of its burst, and with `gather_s`, whatever
+        else comes within that long of the first; [] when none came. Raises Refused
+        when JetStream refused the pull."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not self.ready:
@@ -409,6 +415,13 @@ class Puller:
                 await asyncio.wait_for(self.arrived.wait(), PULL_LINGER_S)
             if len(self.ready) == had:
                 break
+        until = loop.time() + gather_s
+        while len(self.ready) < batch and not self.refused and (left := until - loop.time()) > 0:
+            if not self.in_flight():
+                await self._ask(batch)
+            self.arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.arrived.wait(), left)
         out = [self.ready.popleft() for _ in range(min(batch, len(self.ready)))]
         if len(out) == batch and not self.in_flight() and not self.ready:
             # A full batch: ask for the next one now, so that it arrives while this one
@@ -456,7 +469,8 @@ async def pull(nc: NATS, durable: Durable,
     try:
         while not stop.is_set():
             try:
-                msgs = await puller.fetch(durable.batch, timeout=PULL_EXPIRES_S)
+                msgs = await puller.fetch(durable.batch, timeout=PULL_EXPIRES_S,
+                                          gather_s=durable.gather_s)
             except Exception as exc:
                 log.warning("%s: fetch failed (%s); again in %.1fs", durable.name, exc,
                             FETCH_RETRY_S)

@@ -45,6 +45,7 @@ class MeterConfig:
     metrics_port: int
     settings: MeterSettings
     batch: int
+    gather_s: float
     default_prices: dict[str, Decimal]
 
     @classmethod
@@ -64,6 +65,7 @@ class MeterConfig:
                 settle_us=env_int("KESTREL_METER_SETTLE_US", 200_000),
                 material_bp=env_int("KESTREL_METER_MATERIAL_BP", 100)),
             batch=env_int("KESTREL_METER_BATCH", 1000),
+            gather_s=env_float("KESTREL_METER_GATHER_S", 0.1),
             default_prices=prices,
         )
 
@@ -139,7 +141,8 @@ async def run(config: MeterConfig, stop: asyncio.Event) -> None:
     meter_pb2_grpc.add_MeterServicer_to_server(MeterServicer(meter), server.server)
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
-    consumer = WorkloadConsumer(nc, meter, batch=config.batch, on_bad=metrics.bad_events.inc)
+    consumer = WorkloadConsumer(nc, meter, batch=config.batch,
+                                gather_s=config.gather_s, on_bad=metrics.bad_events.inc)
     consumer_task = asyncio.create_task(consumer.run(), name="consumer")
 
     async def tick() -> None:

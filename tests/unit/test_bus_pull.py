@@ -34,7 +34,8 @@ class Puller:
         self.stop = stop
         self.closed = False
 
-    async def fetch(self, batch: int, timeout: float) -> list[Msg]:  # noqa: ASYNC109
+    async def fetch(self, batch: int, timeout: float,  # noqa: ASYNC109
+                    gather_s: float = 0.0) -> list[Msg]:
         step = self.script.pop(0)
         if not self.script:
             self.stop.set()

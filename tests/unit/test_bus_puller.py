@@ -196,3 +196,18 @@ async def test_a_full_batch_asks_for_the_next_ahead_and_close_takes_back_what_wa
     later(p, d, e, status("408"), after_s=0.02)
     await p.close()  # waits for the batch asked ahead, then gives it back
     assert nc.sub.unsubscribed and (d.naks, e.naks) == (1, 1)
+
+
+async def test_with_gather_a_lone_message_waits_that_long_for_company_and_a_full_batch_not_at_all(
+) -> None:
+    p, nc = await opened()
+    later(p, stream_msg("a"), after_s=0.01)
+    later(p, stream_msg("b"), after_s=0.05)  # 40 ms after the first: inside 0.1 s
+    later(p, stream_msg("c"), after_s=0.3)  # outside
+    assert names(await p.fetch(3, timeout=1, gather_s=0.1)) == ["a", "b"]
+    assert names(await p.fetch(3, timeout=1, gather_s=0.1)) == ["c"]
+    await deliver(p, stream_msg("d"), stream_msg("e"), stream_msg("f"))
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert names(await p.fetch(3, timeout=1, gather_s=10)) == ["d", "e", "f"]
+    assert loop.time() - t0 < 1
