@@ -200,7 +200,7 @@ async def test_a_full_batch_asks_for_the_next_ahead_and_close_takes_back_what_wa
 
 async def test_with_gather_a_lone_message_waits_that_long_for_company_and_a_full_batch_not_at_all(
 ) -> None:
-    p, nc = await opened()
+    p, _ = await opened()
     later(p, stream_msg("a"), after_s=0.01)
     later(p, stream_msg("b"), after_s=0.05)  # 40 ms after the first: inside 0.1 s
     later(p, stream_msg("c"), after_s=0.3)  # outside
