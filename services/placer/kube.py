@@ -39,9 +39,20 @@ def _strip_none(obj: Any) -> Any:
 
 
 # Query parameters as the apiserver spells them (what Watch.stream passes in Python's).
-_QUERY = {"label_selector": "labelSelector", "resource_version": "resourceVersion",
+_QUERY = {"label_selector": "labelSelector", "field_selector": "fieldSelector",
+          "resource_version": "resourceVersion",
           "timeout_seconds": "timeoutSeconds", "allow_watch_bookmarks": "allowWatchBookmarks",
           "watch": "watch"}
+
+
+# The pods the placer watches: not Pending ones. What it reads of a pod is when its
+# first container started (STARTED) and whether it runs (a GPU stand-in): a pod has
+# neither before it leaves Pending (then a running container makes it Running, and
+# a pod that failed or succeeded keeps its containers' start times). A Pending pod's
+# events were about a third of the pod events the placer decoded (created, bound,
+# ...); the apiserver filters them out before it encodes them, and sends a pod that
+# leaves Pending as ADDED.
+PODS_SEEN = "status.phase!=Pending"
 
 
 class Kube:
@@ -200,7 +211,8 @@ class Kube:
             return jobs
 
         def pods(**kw: Any) -> Any:
-            return self._core("GET", "/api/v1/pods", label_selector=JOB_ID_LABEL, **kw)
+            return self._core("GET", "/api/v1/pods", label_selector=JOB_ID_LABEL,
+                              field_selector=PODS_SEEN, **kw)
         return pods
 
     def list_raw(self, kind: str) -> tuple[list[dict[str, Any]], str]:

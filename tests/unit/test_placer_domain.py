@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from services.placer import manifests
 from services.placer.core import Placer, PlacerSettings, key_of
 from services.placer.domain import FlavorAsk, RunwayView, choose_flavor, short_because
-from services.placer.kube import Watcher
+from services.placer.kube import PODS, Kube, Watcher
 from services.placer.lifecycle import (
     Derived,
     EventType,
@@ -516,3 +516,27 @@ def test_a_job_kueue_skipped_is_touched_with_a_backoff_and_a_backlog_is_left_alo
         waiting: Waiting, served_s: int, now_s: int, due: bool) -> None:
     got = requeue_due({"j": waiting}, served_s * S, now_s * S, 3 * S, 15 * S)
     assert got == (["j"] if due else [])
+
+
+def test_the_placer_lists_and_watches_only_its_pods_that_left_pending() -> None:
+    seen: list[Any] = []
+
+    class Api:
+        def param_serialize(self, method: str, path: str, query_params: Any,
+                            **kw: Any) -> tuple[Any, ...]:
+            seen.append((method, path, dict(query_params)))
+            return ()
+
+        def call_api(self, *request: Any) -> Any:
+            class Resp:
+                status = 200
+                response = None
+            return Resp()
+
+    kube = Kube.__new__(Kube)
+    kube.api = Api()
+    kube.lister(PODS)(watch=True, resource_version="7")
+    [(method, path, query)] = seen
+    assert (method, path) == ("GET", "/api/v1/pods")
+    assert query["fieldSelector"] == "status.phase!=Pending"
+    assert query["labelSelector"] == "kestrel.dev/job-id" and query["resourceVersion"] == "7"
