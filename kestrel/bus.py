@@ -345,6 +345,7 @@ class Puller:
         self.lapses = 0.0  # monotonic time after which that request is lost in any case
         self.refused: str | None = None
         self.prefetching = False  # the request in flight was sent ahead (see fetch)
+        self.was_full = False  # the last batch handed out was full: a backlog
         self.sub: Any = None
 
     @classmethod
@@ -390,8 +391,9 @@ class Puller:
                     gather_s: float = 0.0) -> list[Msg]:
         """Up to `batch` messages: those already here, else the first to arrive within
         `timeout` together with the rest of its burst, and with `gather_s`, whatever
-        else comes within that long of the first; [] when none came. Raises Refused
-        when JetStream refused the pull."""
+        else comes within that long of the first (unless the batch before was full:
+        the tail of a backlog goes at once); [] when none came. Raises Refused when
+        JetStream refused the pull."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not self.ready:
@@ -415,7 +417,7 @@ class Puller:
                 await asyncio.wait_for(self.arrived.wait(), PULL_LINGER_S)
             if len(self.ready) == had:
                 break
-        until = loop.time() + gather_s
+        until = loop.time() + (0.0 if self.was_full else gather_s)
         while len(self.ready) < batch and not self.refused and (left := until - loop.time()) > 0:
             if not self.in_flight():
                 await self._ask(batch)
@@ -423,6 +425,7 @@ class Puller:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.arrived.wait(), left)
         out = [self.ready.popleft() for _ in range(min(batch, len(self.ready)))]
+        self.was_full = len(out) == batch
         if len(out) == batch and not self.in_flight() and not self.ready:
             # A full batch: ask for the next one now, so that it arrives while this one
             # is handled (close takes it back if the consumer stops first).

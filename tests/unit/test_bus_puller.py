@@ -198,7 +198,7 @@ async def test_a_full_batch_asks_for_the_next_ahead_and_close_takes_back_what_wa
     assert nc.sub.unsubscribed and (d.naks, e.naks) == (1, 1)
 
 
-async def test_with_gather_a_lone_message_waits_that_long_for_company_and_a_full_batch_not_at_all(
+async def test_with_gather_a_lone_message_waits_for_company_but_not_a_full_batch_or_its_tail(
 ) -> None:
     p, _ = await opened()
     later(p, stream_msg("a"), after_s=0.01)
@@ -210,4 +210,8 @@ async def test_with_gather_a_lone_message_waits_that_long_for_company_and_a_full
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     assert names(await p.fetch(3, timeout=1, gather_s=10)) == ["d", "e", "f"]
+    assert loop.time() - t0 < 1
+    await deliver(p, stream_msg("g"))  # the tail of that backlog: not held back
+    t0 = loop.time()
+    assert names(await p.fetch(3, timeout=1, gather_s=10)) == ["g"]
     assert loop.time() - t0 < 1
