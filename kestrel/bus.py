@@ -380,6 +380,13 @@ class Puller:
     def in_flight(self) -> bool:
         return self.owed > 0 and time.monotonic() < self.lapses
 
+    async def _next_arrival(self, within_s: float) -> None:
+        """Wait up to `within_s` for the inbox to hear something after `arrived` was
+        last cleared (callers clear it before they ask, so nothing heard while a
+        request is being sent is missed)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.arrived.wait(), within_s)
+
     async def _ask(self, batch: int, *, ahead: bool = False) -> None:
         self.prefetching = ahead
         self.owed = batch
@@ -400,37 +407,37 @@ class Puller:
             if self.refused:
                 why, self.refused = self.refused, None
                 raise Refused(f"{self.durable.name}: pull refused: {why}")
+            self.arrived.clear()
             if not self.in_flight():
                 await self._ask(batch)
-            self.arrived.clear()
             left = deadline - loop.time()
             if left <= 0:
-                return []
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.arrived.wait(), left)
+                return self._take(batch)
+            await self._next_arrival(left)
         # A burst (more than one came at once) is likely a backlog: take the rest of
         # the request while it keeps coming.
         while 1 < len(self.ready) < batch and self.in_flight():
             had = len(self.ready)
             self.arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.arrived.wait(), PULL_LINGER_S)
+            await self._next_arrival(PULL_LINGER_S)
             if len(self.ready) == had:
                 break
         until = loop.time() + (0.0 if self.was_full else gather_s)
         while len(self.ready) < batch and not self.refused and (left := until - loop.time()) > 0:
+            self.arrived.clear()
             if not self.in_flight():
                 await self._ask(batch)
-            self.arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.arrived.wait(), left)
-        out = [self.ready.popleft() for _ in range(min(batch, len(self.ready)))]
+            await self._next_arrival(left)
+        out = self._take(batch)
         self.was_full = len(out) == batch
         if len(out) == batch and not self.in_flight() and not self.ready:
             # A full batch: ask for the next one now, so that it arrives while this one
             # is handled (close takes it back if the consumer stops first).
             await self._ask(batch, ahead=True)
         return out
+
+    def _take(self, batch: int) -> list[Msg]:
+        return [self.ready.popleft() for _ in range(min(batch, len(self.ready)))]
 
     async def close(self) -> None:
         """Stop listening; what arrived and was not handled goes back to the stream now
@@ -439,8 +446,7 @@ class Puller:
         deadline = time.monotonic() + PULL_EXPIRES_S
         while self.prefetching and self.in_flight() and time.monotonic() < deadline:
             self.arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.arrived.wait(), deadline - time.monotonic())
+            await self._next_arrival(deadline - time.monotonic())
         with contextlib.suppress(Exception):
             if self.sub is not None:
                 await self.sub.unsubscribe()

@@ -21,6 +21,19 @@ async def _publish(js: object, tenant: str, n: int, start: int = 0) -> None:
         headers={"Nats-Msg-Id": f"{tenant}-{i}"}) for i in range(start, start + n)))
 
 
+async def _handle(puller: bus.Puller, batch: int, until: int, into: list[int],
+                  sizes: list[int] | None = None) -> None:
+    """Fetch, record and acknowledge until `into` holds `until` messages."""
+    while len(into) < until:
+        msgs = await puller.fetch(batch, timeout=2)
+        assert msgs, f"stalled at {len(into)}: {into}"
+        if sizes is not None:
+            sizes.append(len(msgs))
+        for m in msgs:
+            into.append(int(m.data))
+            await m.ack()
+
+
 async def test_a_backlog_comes_in_order_in_batches_no_larger_than_asked_each_message_once(
         clean_bus: str) -> None:
     nc = await bus.connect(clean_bus, "test-puller")
@@ -31,13 +44,7 @@ async def test_a_backlog_comes_in_order_in_batches_no_larger_than_asked_each_mes
                                                    1000))
     seen: list[int] = []
     sizes: list[int] = []
-    while len(seen) < 2500:
-        msgs = await puller.fetch(1000, timeout=2)
-        assert msgs, f"stalled at {len(seen)}"
-        sizes.append(len(msgs))
-        seen += [int(m.data) for m in msgs]
-        for m in msgs:
-            await m.ack()
+    await _handle(puller, 1000, 2500, seen, sizes)
     assert seen == list(range(2500))
     assert max(sizes) <= 1000
     assert await puller.fetch(1000, timeout=0.7) == []  # a 408 came and went: nothing more
@@ -72,20 +79,11 @@ async def test_what_a_closed_puller_did_not_hand_out_is_delivered_again_at_once(
     durable = bus.Durable(STREAM, "kestrel.workload.>", "puller-c", 4)
     first = await bus.Puller.open(nc, durable)
     handled: list[int] = []
-    while len(handled) < 4:  # a full batch: the next one is asked for ahead
-        msgs = await first.fetch(4, timeout=2)
-        for m in msgs:
-            handled.append(int(m.data))
-            await m.ack()
+    await _handle(first, 4, 4, handled)  # a full batch: the next one is asked for ahead
     await first.close()  # the batch asked ahead goes back (nak), not after the 30 s ack wait
 
     second = await bus.Puller.open(nc, durable)
-    while len(handled) < 10:
-        msgs = await second.fetch(4, timeout=2)
-        assert msgs, f"the rest did not come back: {handled}"
-        for m in msgs:
-            handled.append(int(m.data))
-            await m.ack()
+    await _handle(second, 4, 10, handled)  # the rest, at once
     assert sorted(handled) == list(range(10)) and len(set(handled)) == 10
     await second.close()
     await nc.close()

@@ -215,3 +215,20 @@ async def test_with_gather_a_lone_message_waits_for_company_but_not_a_full_batch
     t0 = loop.time()
     assert names(await p.fetch(3, timeout=1, gather_s=10)) == ["g"]
     assert loop.time() - t0 < 1
+
+
+async def test_a_message_heard_while_the_request_is_being_sent_is_not_waited_past() -> None:
+    class Answering(NC):
+        puller: bus.Puller
+
+        async def publish(self, subject: str, payload: bytes, reply: str = "") -> None:
+            await super().publish(subject, payload, reply)
+            await deliver(self.puller, stream_msg("a"))  # the server was quicker than us
+
+    nc = Answering()
+    p, _ = await opened(nc)
+    nc.puller = p
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert names(await p.fetch(3, timeout=5)) == ["a"]
+    assert loop.time() - t0 < 1  # not the 5 s timeout
