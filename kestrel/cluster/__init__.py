@@ -50,7 +50,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kestrel.cluster.build import (
-        build,
         ensure_binaries,
         missing_binaries,
     )
@@ -142,7 +141,6 @@ if TYPE_CHECKING:
     )
     from kestrel.cluster.status import (
         server_version,
-        status,
     )
     from kestrel.workloads import CPU_FLAVOR
 
@@ -194,7 +192,6 @@ _WHERE = {
     "apiserver_ready": "health",
     "apiserver_replica_pid": "plane",
     "binary_paths": "paths",
-    "build": "build",
     "build_images": "node",
     "cluster_down": "plane",
     "cluster_info": "paths",
@@ -224,7 +221,6 @@ _WHERE = {
     "running_kueue_version": "kueue",
     "server_version": "status",
     "start_apiserver_replica": "plane",
-    "status": "status",
     "stop_apiserver_replica": "plane",
     "up": "plane",
     "wait_until": "processes",
@@ -306,11 +302,20 @@ __all__ = [  # noqa: RUF022 (the order of _WHERE)
     "running_kueue_version",
     "server_version",
     "start_apiserver_replica",
-    "status",
     "stop_apiserver_replica",
     "up",
     "wait_until",
 ]
+
+
+# Two names here are also the names of submodules, and importing a submodule sets the
+# package's attribute of that name to the module: once any code had imported
+# kestrel.cluster.build (the plane does), `kc.build` was that module and never reached
+# __getattr__, so building helm or compose on demand failed with "'module' object is
+# not callable" on a machine without them cached. `build` is bound here, eagerly (its
+# module needs only the standard library); `status` is not exported (import it from
+# kestrel.cluster.status). A unit test holds every exported name to its object.
+from kestrel.cluster.build import build  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:
