@@ -48,6 +48,8 @@ async def main(url: str, dsn: str, expected: int, batch: int, client: str) -> No
             msgs = await sub.fetch(batch, timeout=0.5)
         except (TimeoutError, NatsTimeout):
             continue
+        if not msgs:  # kestrel.bus.Puller's empty long poll (nats-py raises instead)
+            continue
         records = []
         for m in msgs:
             e = events_pb2.WorkloadEvent.FromString(m.data)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -13,6 +15,14 @@ from kestrel import bus
 pytestmark = pytest.mark.integration
 
 STREAM = "KESTREL_WORKLOADS"
+
+
+@pytest.fixture
+async def conn(clean_bus: str) -> AsyncIterator[tuple[Any, Any, str]]:
+    """A connection to the bus, its JetStream context, and a tenant of this test's own."""
+    nc = await bus.connect(clean_bus, "test-puller")
+    yield nc, nc.jetstream(), f"p{uuid.uuid4().hex[:6]}"
+    await nc.close()
 
 
 async def _publish(js: object, tenant: str, n: int, start: int = 0) -> None:
@@ -35,10 +45,8 @@ async def _handle(puller: bus.Puller, batch: int, until: int, into: list[int],
 
 
 async def test_a_backlog_comes_in_order_in_batches_no_larger_than_asked_each_message_once(
-        clean_bus: str) -> None:
-    nc = await bus.connect(clean_bus, "test-puller")
-    js = nc.jetstream()
-    tenant = f"p{uuid.uuid4().hex[:6]}"
+        conn: tuple[Any, Any, str]) -> None:
+    nc, js, tenant = conn
     await _publish(js, tenant, 2500)
     puller = await bus.Puller.open(nc, bus.Durable(STREAM, "kestrel.workload.>", "puller-a",
                                                    1000))
@@ -51,13 +59,11 @@ async def test_a_backlog_comes_in_order_in_batches_no_larger_than_asked_each_mes
     await puller.close()
     info = await js.consumer_info(STREAM, "puller-a")
     assert (info.num_pending, info.num_ack_pending) == (0, 0)
-    await nc.close()
 
 
-async def test_an_idle_consumer_gets_a_new_message_within_its_long_poll(clean_bus: str) -> None:
-    nc = await bus.connect(clean_bus, "test-puller")
-    js = nc.jetstream()
-    tenant = f"p{uuid.uuid4().hex[:6]}"
+async def test_an_idle_consumer_gets_a_new_message_within_its_long_poll(
+        conn: tuple[Any, Any, str]) -> None:
+    nc, js, tenant = conn
     puller = await bus.Puller.open(nc, bus.Durable(STREAM, "kestrel.workload.>", "puller-b",
                                                    256))
     assert await puller.fetch(256, timeout=0.1) == []  # a request is now waiting on the server
@@ -67,14 +73,11 @@ async def test_an_idle_consumer_gets_a_new_message_within_its_long_poll(clean_bu
     assert [m.data for m in got] == [b"0"]
     await got[0].ack()
     await puller.close()
-    await nc.close()
 
 
 async def test_what_a_closed_puller_did_not_hand_out_is_delivered_again_at_once(
-        clean_bus: str) -> None:
-    nc = await bus.connect(clean_bus, "test-puller")
-    js = nc.jetstream()
-    tenant = f"p{uuid.uuid4().hex[:6]}"
+        conn: tuple[Any, Any, str]) -> None:
+    nc, js, tenant = conn
     await _publish(js, tenant, 10)
     durable = bus.Durable(STREAM, "kestrel.workload.>", "puller-c", 4)
     first = await bus.Puller.open(nc, durable)
@@ -86,4 +89,3 @@ async def test_what_a_closed_puller_did_not_hand_out_is_delivered_again_at_once(
     await _handle(second, 4, 10, handled)  # the rest, at once
     assert sorted(handled) == list(range(10)) and len(set(handled)) == 10
     await second.close()
-    await nc.close()
