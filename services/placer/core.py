@@ -31,7 +31,7 @@ from kestrel.v1 import placer_pb2
 from kestrel.workloads import CPU_FLAVOR, TENANT_LABEL
 from services.placer import manifests, views
 from services.placer.domain import FlavorAsk, Placement, RunwayView, choose_flavor
-from services.placer.kube import JOBS, KINDS, PODS, WORKLOADS, Kube
+from services.placer.kube import JOBS, KINDS, PODS, WORKLOADS, Change, Kube
 from services.placer.lifecycle import (
     FLAVOR_ANNOTATION,
     FLAVOR_REASON_ANNOTATION,
@@ -136,7 +136,7 @@ class Placer:
         self.profiles_seen: dict[str, TenantQuota] = {}
         self.tenant_locks: dict[str, asyncio.Lock] = {}
         self.cancelled: set[str] = set()
-        self.queue: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[str, list[Change]]] = asyncio.Queue()
         self.synced = asyncio.Event()
         self._listed: set[str] = set()
         # Host processes answering for simulated GPU replicas (None: not run here).
@@ -302,28 +302,37 @@ class Placer:
 
     # --- observation ---------------------------------------------------------
 
-    def feed(self, loop: asyncio.AbstractEventLoop) -> Callable[[str, str, Any], None]:
-        """A thread-safe callback for the watch threads."""
+    def feed(self, loop: asyncio.AbstractEventLoop) -> Callable[[str, list[Change]], None]:
+        """A thread-safe callback for the watch threads: one read's events at a time."""
 
-        def emit(kind: str, etype: str, obj: Any) -> None:
-            loop.call_soon_threadsafe(self.queue.put_nowait, (kind, etype, obj))
+        def emit(kind: str, changes: list[Change]) -> None:
+            loop.call_soon_threadsafe(self.queue.put_nowait, (kind, changes))
 
         return emit
 
     async def run_observer(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            getter = asyncio.ensure_future(self.queue.get())
-            stopper = asyncio.ensure_future(stop.wait())
-            done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            stopper.cancel()
-            if getter not in done:
-                getter.cancel()
-                return
-            kind, etype, obj = getter.result()
-            try:
-                await self.observe_now(kind, etype, obj)
-            except Exception:
-                log.exception("observing %s %s failed", etype, kind)
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                if self.queue.empty():
+                    getter = asyncio.ensure_future(self.queue.get())
+                    await asyncio.wait({getter, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                    if not getter.done():
+                        getter.cancel()
+                        return
+                    reads = [getter.result()]
+                else:
+                    reads = []
+                while not self.queue.empty():  # everything the watches sent meanwhile
+                    reads.append(self.queue.get_nowait())
+                for kind, changes in reads:
+                    for etype, obj in changes:
+                        try:
+                            await self.observe_now(kind, etype, obj)
+                        except Exception:
+                            log.exception("observing %s %s failed", etype, kind)
+        finally:
+            stopping.cancel()
 
     async def observe_now(self, kind: str, etype: str, obj: Any) -> None:
         if etype == "RELIST":

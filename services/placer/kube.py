@@ -26,8 +26,14 @@ GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 WORKLOADS, JOBS, PODS = "workload", "job", "pod"
 KINDS = (WORKLOADS, JOBS, PODS)
 
-# (kind, event type ADDED|MODIFIED|DELETED|RELIST, object or list of objects)
-Emit = Callable[[str, str, Any], None]
+# (kind, [(event type ADDED|MODIFIED|DELETED|RELIST, object or list of objects), ...]):
+# the events of one read of a watch together, so the event loop wakes once for them.
+Change = tuple[str, Any]
+Emit = Callable[[str, list[Change]], None]
+
+# How long a busy watch lets events gather before it reads them (kestrel.kubewatch):
+# the placer's events carry Kubernetes' own timestamps, so a later read moves no figure.
+WATCH_LINGER_S = 0.05
 
 
 def _strip_none(obj: Any) -> Any:
@@ -220,9 +226,10 @@ class Kube:
         return list(data.get("items") or []), str(data["metadata"]["resourceVersion"])
 
     def watch_raw(self, kind: str, resource_version: str,
-                  timeout_s: int) -> Iterator[dict[str, Any]]:
-        yield from kubewatch.events(self.lister(kind), resource_version=resource_version,
-                                    timeout_s=timeout_s)
+                  timeout_s: int) -> Iterator[list[dict[str, Any]]]:
+        """The watch's events, in the lists one read of it brought."""
+        yield from kubewatch.bursts(self.lister(kind), resource_version=resource_version,
+                                    timeout_s=timeout_s, linger_s=WATCH_LINGER_S)
 
 
 class Watcher(threading.Thread):
@@ -248,15 +255,19 @@ class Watcher(threading.Thread):
                 if kube is None:
                     kube = self.connect()
                 items, rv = kube.list_raw(self.kind)
-                self.emit(self.kind, "RELIST", items)
+                self.emit(self.kind, [("RELIST", items)])
                 self.on_relist(self.kind)
                 delay = 0.2
                 while not self.stop.is_set():
-                    for event in kube.watch_raw(self.kind, rv, self.timeout_s):
-                        obj = event.get("object") or {}
-                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                            self.emit(self.kind, str(event["type"]), obj)
+                    for burst in kube.watch_raw(self.kind, rv, self.timeout_s):
+                        changes: list[Change] = []
+                        for event in burst:
+                            obj = event.get("object") or {}
+                            rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                            if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                                changes.append((str(event["type"]), obj))
+                        if changes:
+                            self.emit(self.kind, changes)
                         if self.stop.is_set():
                             return
             except ApiException as exc:

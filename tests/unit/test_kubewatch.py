@@ -6,10 +6,14 @@ watch raises, and the connection goes back to the pool closed however the read e
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from kestrel import kubewatch
@@ -86,3 +90,72 @@ def test_a_refused_watch_raises_with_the_http_status() -> None:
         list(kubewatch.events(lister(resp, {}), resource_version="1", timeout_s=5))
     assert err.value.status == 403
     assert resp.released
+
+
+# --- the socket path: a watch is chunked over a real (loopback) connection ----------
+
+@pytest.mark.parametrize(("pieces", "body", "done"), [
+    ([b"5\r\nhello\r\n0\r\n\r\n"], b"hello", True),
+    ([b"5\r\nhel", b"lo\r\n3;ext=1\r\nabc\r", b"\n"], b"helloabc", False),
+    ([b"A\r\n0123456789\r\n", b"0\r\n", b"\r\n"], b"0123456789", True),
+], ids=["whole", "split-mid-chunk-and-mid-crlf-with-an-extension", "last-chunk-apart"])
+def test_chunked_framing_is_undone_however_the_bytes_are_cut(
+        pieces: list[bytes], body: bytes, done: bool) -> None:
+    d = kubewatch.Dechunker()
+    assert b"".join(d.feed(p) for p in pieces) == body
+    assert d.done is done
+
+
+def test_a_chunk_not_ending_in_crlf_is_refused() -> None:
+    with pytest.raises(ValueError, match="CRLF"):
+        kubewatch.Dechunker().feed(b"3\r\nabcXY")
+
+
+class WatchServer:
+    """An HTTP/1.1 server on loopback writing watch events as the apiserver does: a
+    chunk per event, flushed, with `gap_s` between them."""
+
+    def __init__(self, lines: list[bytes], gap_s: float) -> None:
+        self.lines, self.gap_s = lines, gap_s
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            conn.recv(65536)  # the request
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n")
+            for line in self.lines:
+                conn.sendall(b"%x\r\n%s\r\n" % (len(line), line))
+                time.sleep(self.gap_s)
+            conn.sendall(b"0\r\n\r\n")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self.thread.join(5)
+        self.sock.close()
+
+
+@pytest.mark.parametrize(("linger_s", "most_reads"), [(0.0, 40), (0.3, 5)],
+                         ids=["read-as-they-come", "a-busy-watch-is-read-in-bursts"])
+def test_a_real_chunked_watch_comes_out_whole_in_order_and_lingering_reads_fewer_times(
+        linger_s: float, most_reads: int) -> None:
+    lines = [line("ADDED", f"o{i}", str(i)).rstrip(b"\n") + b"\n" for i in range(40)]
+    server = WatchServer(lines, gap_s=0.01)
+    pool = urllib3.PoolManager()
+    try:
+        def call(**kw: Any) -> Any:
+            return pool.request("GET", f"http://127.0.0.1:{server.port}/w",
+                                preload_content=False)
+        got = list(kubewatch.bursts(call, resource_version="0", timeout_s=5,
+                                    linger_s=linger_s))
+    finally:
+        server.close()
+    names = [e["object"]["metadata"]["name"] for burst in got for e in burst]
+    assert names == [f"o{i}" for i in range(40)]
+    assert len(got) <= most_reads
+    if linger_s:
+        assert max(len(b) for b in got) >= 5  # events gathered while it lingered

@@ -3,6 +3,7 @@ Kubernetes objects imply (over dicts shaped like what the apiserver serves)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -462,6 +463,34 @@ async def test_after_a_cancel_the_deletion_publishes_no_second_close() -> None:
     assert rec.ids == [f"{JOB}:admitted"]  # no ":failed" for the same allocation
 
 
+async def test_the_observer_applies_each_event_of_a_read_in_order_so_an_eviction_between_is_kept(
+        ) -> None:
+    """A watch read can bring an allocation's eviction and the next allocation's
+    admission together: each is derived in turn, so the first allocation's close is
+    published before the second opens (derived from the last state alone it would
+    never be)."""
+    rec = Recorder()
+    placer = observer(rec)
+    emit = placer.feed(asyncio.get_running_loop())
+    stop = asyncio.Event()
+    running = asyncio.create_task(placer.run_observer(stop))
+    for kind, items in (("workload", [workload(*RESERVED)]), ("job", []), ("pod", [])):
+        emit(kind, [("RELIST", items)])
+    evicted = workload(*RESERVED[:1], cond("Admitted", "False", 41, "NoReservation"),
+                       cond("Evicted", "True", 41, "Deactivated"), evictions=1)
+    again = workload(cond("QuotaReserved", "True", 45, "QuotaReserved"),
+                     cond("Admitted", "True", 45, "Admitted"),
+                     cond("Evicted", "False", 45, "QuotaReserved"), evictions=1)
+    emit("workload", [("MODIFIED", evicted), ("MODIFIED", again)])
+    for _ in range(100):
+        if len(rec.ids) >= 3:
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(running, 5)
+    assert rec.ids == [f"{JOB}:admitted", f"{JOB}:evicted", f"{JOB}.r2:admitted"]
+
+
 class FlakyWatchKube:
     """Lists at resourceVersion 10, then 20; the first watch answers 410 Gone."""
 
@@ -474,26 +503,30 @@ class FlakyWatchKube:
         self.lists += 1
         return [{"metadata": {"name": f"w{self.lists}"}}], str(self.lists * 10)
 
-    def watch_raw(self, kind: str, rv: str, timeout_s: int) -> Iterator[dict[str, Any]]:
+    def watch_raw(self, kind: str, rv: str, timeout_s: int) -> Iterator[list[dict[str, Any]]]:
         self.watched_from.append(rv)
         if len(self.watched_from) == 1:
             raise ApiException(status=410, reason="Expired")
-        yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "21"}}}
-        yield {"type": "MODIFIED", "object": {"metadata": {"name": "w2",
-                                                           "resourceVersion": "22"}}}
+        yield [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "21"}}}]
+        yield [{"type": "MODIFIED", "object": {"metadata": {"name": "w2",
+                                                            "resourceVersion": "22"}}},
+               {"type": "DELETED", "object": {"metadata": {"name": "w1",
+                                                           "resourceVersion": "23"}}}]
         self.stop.set()
 
 
 def test_a_watch_that_answers_410_gone_is_relisted_and_resumed_from_the_new_list() -> None:
     stop = threading.Event()
     fake = FlakyWatchKube(stop)
-    seen: list[tuple[str, str, Any]] = []
+    seen: list[tuple[str, list[Any]]] = []
     watcher = Watcher(lambda: cast(Any, fake), "workload",
-                      lambda k, t, o: seen.append((k, t, o)), stop)
+                      lambda k, changes: seen.append((k, changes)), stop)
     watcher.run()  # in this thread: returns once the fake sets stop
     assert fake.lists == 2 and fake.watched_from == ["10", "20"]
-    assert [t for _, t, _ in seen] == ["RELIST", "RELIST", "MODIFIED"]
-    assert seen[-1][2]["metadata"]["name"] == "w2"  # bookmarks are not emitted
+    # Bookmarks are not emitted; one read's events go out together, in order.
+    assert [[t for t, _ in changes] for _, changes in seen] == [
+        ["RELIST"], ["RELIST"], ["MODIFIED", "DELETED"]]
+    assert [o["metadata"]["name"] for _, o in seen[-1][1]] == ["w2", "w1"]
 
 
 S = 1_000_000

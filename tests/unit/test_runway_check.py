@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from decimal import Decimal
 from typing import Any
@@ -11,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kestrel.jobs import JobRow, JobState
 from kestrel.v1 import common_pb2
-from services.admission.kueue import RunwayCheckController, view
+from services.admission.kueue import Kueue, RunwayCheckController, view
 from services.admission.runway_check import (
     CheckState,
     Money,
@@ -196,3 +197,36 @@ def test_the_workload_watch_goes_on_from_where_it_ended_and_relists_only_on_a_br
     rc = RunwayCheckController(None, "", "kestrel-runway")  # type: ignore[arg-type]
     rc._watch_forever(FakeKueue(), Loop(), halt)  # type: ignore[arg-type]
     assert calls == ["list", "watch 5", "watch 9", "list", "watch 40"]
+
+
+def test_a_read_of_the_workload_watch_is_applied_at_once_in_order_to_its_last_version() -> None:
+    """Kueue.watch hands the events of one read over together (one wake-up of the
+    event loop), leaves bookmarks out but resumes after them."""
+    def ev(kind: str, name: str, rv: str) -> bytes:
+        obj = {"metadata": {"namespace": "kestrel-acme", "name": name, "resourceVersion": rv}}
+        return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
+    class Response:
+        status, reason = 200, "OK"
+
+        def stream(self, amt: Any = None, decode_content: bool = True) -> Any:
+            yield ev("ADDED", "a", "1") + ev("MODIFIED", "a", "2")
+            yield ev("DELETED", "a", "3") + ev("BOOKMARK", "", "4")
+
+        def close(self) -> None:
+            pass
+
+        def release_conn(self) -> None:
+            pass
+
+    class Custom:
+        def list_cluster_custom_object(self, *args: Any, **kw: Any) -> Response:
+            return Response()
+
+    kueue = Kueue.__new__(Kueue)
+    kueue.custom = Custom()
+    emitted: list[list[tuple[str, str]]] = []
+    rv = kueue.watch("0", threading.Event(), lambda changes: emitted.append(
+        [(t, o["metadata"]["resourceVersion"]) for t, o in changes]))
+    assert rv == "4"
+    assert emitted == [[("ADDED", "1"), ("MODIFIED", "2")], [("DELETED", "3")]]
