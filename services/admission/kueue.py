@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from kestrel import kubewatch
+from kestrel import kubeclient, kubewatch
 from kestrel.kubeclient import new_api_client
 from kestrel.kubework import KUEUE_API_VERSION, KUEUE_GROUP
 from kestrel.v1 import common_pb2
@@ -127,9 +127,11 @@ class Kueue:
             {"op": "add", "path": f"{at}/message", "value": v.message[:1024]}]
         if w.check_state != v.state.value:
             ops.append({"op": "add", "path": f"{at}/lastTransitionTime", "value": _now()})
-        self.custom.patch_namespaced_custom_object_status(
-            KUEUE_GROUP, KUEUE_API_VERSION, w.namespace, "workloads", w.name, ops,
-            _content_type="application/json-patch+json")
+        # By its path (kestrel.kubeclient.call): one per job, and the typed call's
+        # validation cost 160 us of CPU more than the request itself.
+        kubeclient.send(self.custom.api_client, "PATCH",
+                        f"/apis/{KUEUE_GROUP}/{KUEUE_API_VERSION}/namespaces/{w.namespace}"
+                        f"/workloads/{w.name}/status", ops, "application/json-patch+json")
 
     def deactivate(self, w: WorkloadView, reason: str) -> None:
         """spec.active=false, with the reason on the Workload in the same write (Kueue's

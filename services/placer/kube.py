@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from kestrel import kubewatch
+from kestrel import kubeclient, kubewatch
 from kestrel.kubeclient import new_api_client as new_api_client
 from services.placer.lifecycle import JOB_ID_LABEL
 
@@ -42,13 +42,6 @@ def _strip_none(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_strip_none(v) for v in obj]
     return obj
-
-
-# Query parameters as the apiserver spells them (what Watch.stream passes in Python's).
-_QUERY = {"label_selector": "labelSelector", "field_selector": "fieldSelector",
-          "resource_version": "resourceVersion",
-          "timeout_seconds": "timeoutSeconds", "allow_watch_bookmarks": "allowWatchBookmarks",
-          "watch": "watch"}
 
 
 # The pods the placer watches: not Pending ones. What it reads of a pod is when its
@@ -77,34 +70,22 @@ class Kube:
 
     def _core(self, method: str, path: str, body: Any = None,
               content_type: str = "application/json", **query: Any) -> Any:
-        """One call on the core group by its path; the urllib3 response, unread. The typed
-        CoreV1Api is not used: importing it (its module and models) cost 0.9 s of CPU,
+        """One call on the core group by its path (kestrel.kubeclient.call): the typed
+        CoreV1Api is not used, importing it (its module and models) cost 0.9 s of CPU,
         about a third of a placer's start-up and so of its recovery from a crash."""
-        # Options for the client itself (_preload_content, ...) are not query parameters;
-        # any other name not in _QUERY is a caller's mistake and raises KeyError.
-        params = [(_QUERY[k], str(v).lower() if isinstance(v, bool) else v)
-                  for k, v in query.items() if not k.startswith("_") and v is not None]
-        request = self.api.param_serialize(
-            method, path, query_params=params, body=body,
-            header_params={"Accept": "application/json", "Content-Type": content_type},
-            auth_settings=["BearerToken"])
-        resp = self.api.call_api(*request)
-        if not 200 <= resp.status <= 299:
-            resp.read()
-            raise ApiException.from_response(http_resp=resp, body=None, data=None)
-        return resp.response
+        return kubeclient.call(self.api, method, path, body, content_type, **query)
 
     # --- tenants -------------------------------------------------------------
 
     def apply_namespace(self, body: Mapping[str, Any]) -> None:
         try:
-            self._core("POST", "/api/v1/namespaces", _strip_none(body))
+            kubeclient.send(self.api, "POST", "/api/v1/namespaces", _strip_none(body))
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            self._core("PATCH", f"/api/v1/namespaces/{body['metadata']['name']}",
-                       {"metadata": {"labels": body["metadata"]["labels"]}},
-                       content_type="application/merge-patch+json")
+            kubeclient.send(self.api, "PATCH", f"/api/v1/namespaces/{body['metadata']['name']}",
+                            {"metadata": {"labels": body["metadata"]["labels"]}},
+                            "application/merge-patch+json")
 
     def apply_cluster(self, plural: str, body: Mapping[str, Any]) -> None:
         """Create a cluster-scoped Kueue object, or merge-patch its spec and labels."""
