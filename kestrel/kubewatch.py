@@ -128,6 +128,9 @@ def _socket_reads(fp: Any, sock: Any, linger_s: float) -> Iterator[bytes]:
     buf = bytearray(READ_SIZE)
     view = memoryview(buf)
     pending: Callable[[], int] = getattr(sock, "pending", lambda: 0)  # TLS: decrypted, unread
+    # poll, not select: select refuses a descriptor numbered 1024 or more.
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
     last = time.monotonic()
     while True:
         n = sock.recv_into(buf)
@@ -137,7 +140,7 @@ def _socket_reads(fp: Any, sock: Any, linger_s: float) -> Iterator[bytes]:
         now = time.monotonic()
         if linger_s > 0 and now - last < linger_s:
             time.sleep(linger_s)  # busy: let the rest of the burst arrive
-        while size < BURST_MAX and (pending() or select.select([sock], [], [], 0)[0]):
+        while size < BURST_MAX and (pending() or poller.poll(0)):
             n = sock.recv_into(buf)
             if n == 0:
                 yield b"".join(parts)

@@ -6,11 +6,13 @@ watch raises, and the connection goes back to the pool closed however the read e
 from __future__ import annotations
 
 import json
+import os
+import resource
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import urllib3
@@ -159,3 +161,26 @@ def test_a_real_chunked_watch_comes_out_whole_in_order_and_lingering_reads_fewer
     assert len(got) <= most_reads
     if linger_s:
         assert max(len(b) for b in got) >= 5  # events gathered while it lingered
+
+
+def test_a_watch_on_a_descriptor_above_1024_is_read_too() -> None:
+    """select() refuses descriptors >= 1024 (a busy service has that many open);
+    the reader polls."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"open files are capped at {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    server = WatchServer([line("ADDED", f"o{i}", str(i)) for i in range(10)], gap_s=0.01)
+    pool = urllib3.PoolManager()
+    try:
+        resp = pool.request("GET", f"http://127.0.0.1:{server.port}/w", preload_content=False)
+        assert cast(Any, resp)._fp.fp.raw._sock.fileno() >= 1024
+        got = list(kubewatch.events(lambda **kw: resp, resource_version="0", timeout_s=5,
+                                    linger_s=0.05))
+    finally:
+        for fd in filler:
+            os.close(fd)
+        server.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert [e["object"]["metadata"]["name"] for e in got] == [f"o{i}" for i in range(10)]
