@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from kubernetes.client.exceptions import ApiException
 
-__all__ = ["Dechunker", "bursts", "events", "loads"]
+__all__ = ["Dechunker", "bursts", "changes", "events", "loads"]
 
 loads = orjson.loads
 
@@ -72,6 +72,19 @@ def events(call: Callable[..., Any], *args: Any, resource_version: str, timeout_
     for burst in bursts(call, *args, resource_version=resource_version,
                         timeout_s=timeout_s, linger_s=linger_s, **kwargs):
         yield from burst
+
+
+def changes(burst: list[dict[str, Any]],
+            resource_version: str) -> tuple[list[tuple[str, dict[str, Any]]], str]:
+    """What a burst changed, as (ADDED|MODIFIED|DELETED, object) in order, bookmarks left
+    out, and the resourceVersion to watch on from (bookmarks included)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for event in burst:
+        obj = event.get("object") or {}
+        resource_version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
+        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+            out.append((str(event["type"]), obj))
+    return out, resource_version
 
 
 def _decoded(lines: list[bytes]) -> Iterator[list[dict[str, Any]]]:

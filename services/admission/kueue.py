@@ -105,14 +105,9 @@ class Kueue:
                                       KUEUE_API_VERSION, "workloads",
                                       resource_version=rv, timeout_s=60,
                                       linger_s=WATCH_LINGER_S):
-            changes = []
-            for event in burst:
-                rv = ((event.get("object") or {}).get("metadata") or {}).get(
-                    "resourceVersion") or rv
-                if event["type"] != "BOOKMARK":
-                    changes.append((str(event["type"]), event["object"]))
-            if changes:
-                emit(changes)
+            changed, rv = kubewatch.changes(burst, rv)
+            if changed:
+                emit(changed)
             if stop.is_set():
                 return rv
         return rv

@@ -241,14 +241,9 @@ class Watcher(threading.Thread):
                 delay = 0.2
                 while not self.stop.is_set():
                     for burst in kube.watch_raw(self.kind, rv, self.timeout_s):
-                        changes: list[Change] = []
-                        for event in burst:
-                            obj = event.get("object") or {}
-                            rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                            if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                                changes.append((str(event["type"]), obj))
-                        if changes:
-                            self.emit(self.kind, changes)
+                        changed, rv = kubewatch.changes(burst, rv)
+                        if changed:
+                            self.emit(self.kind, changed)
                         if self.stop.is_set():
                             return
             except ApiException as exc:
