@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from kubernetes.client.exceptions import ApiException
 
-__all__ = ["Dechunker", "bursts", "changes", "events", "loads"]
+__all__ = ["Dechunker", "bursts", "changes", "loads"]
 
 loads = orjson.loads
 
@@ -64,14 +64,6 @@ def bursts(call: Callable[..., Any], *args: Any, resource_version: str, timeout_
         # pooled connection with a body pending would hand them to the next request.
         resp.close()
         resp.release_conn()
-
-
-def events(call: Callable[..., Any], *args: Any, resource_version: str, timeout_s: int,
-           linger_s: float = 0.0, **kwargs: Any) -> Iterator[dict[str, Any]]:
-    """The events of `bursts`, one at a time."""
-    for burst in bursts(call, *args, resource_version=resource_version,
-                        timeout_s=timeout_s, linger_s=linger_s, **kwargs):
-        yield from burst
 
 
 def changes(burst: list[dict[str, Any]],

@@ -41,6 +41,12 @@ class Response:
         self.released = self.closed  # pooled only once closed: nothing left unread
 
 
+def events(call: Any, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    """kubewatch.bursts, one event at a time."""
+    for burst in kubewatch.bursts(call, *args, **kwargs):
+        yield from burst
+
+
 def line(kind: str, name: str, rv: str) -> bytes:
     return json.dumps({"type": kind, "object": {"metadata": {"name": name,
                                                              "resourceVersion": rv}}}
@@ -58,7 +64,7 @@ def test_events_split_across_chunks_come_out_whole_in_order() -> None:
     data = line("ADDED", "a", "1") + line("MODIFIED", "a", "2") + line("BOOKMARK", "", "3")
     resp = Response([data[:7], data[7:50], data[50:51], data[51:]])
     seen: dict[str, Any] = {}
-    got = list(kubewatch.events(lister(resp, seen), "g", resource_version="0", timeout_s=5))
+    got = list(events(lister(resp, seen), "g", resource_version="0", timeout_s=5))
     assert [(e["type"], e["object"]["metadata"]["resourceVersion"]) for e in got] == [
         ("ADDED", "1"), ("MODIFIED", "2"), ("BOOKMARK", "3")]
     assert seen["watch"] is True and seen["resource_version"] == "0"
@@ -69,7 +75,7 @@ def test_events_split_across_chunks_come_out_whole_in_order() -> None:
 
 def test_a_last_line_without_newline_is_still_an_event() -> None:
     resp = Response([line("ADDED", "a", "1").rstrip(b"\n")])
-    got = list(kubewatch.events(lister(resp, {}), resource_version="0", timeout_s=5))
+    got = list(events(lister(resp, {}), resource_version="0", timeout_s=5))
     assert [e["object"]["metadata"]["name"] for e in got] == ["a"]
 
 
@@ -78,7 +84,7 @@ def test_an_error_event_raises_its_status_so_a_410_relists() -> None:
         "kind": "Status", "code": 410, "reason": "Expired",
         "message": "too old resource version: 1 (42)"}}).encode() + b"\n"
     resp = Response([line("ADDED", "a", "1") + gone + line("ADDED", "b", "2")])
-    it = kubewatch.events(lister(resp, {}), resource_version="1", timeout_s=5)
+    it = events(lister(resp, {}), resource_version="1", timeout_s=5)
     assert next(it)["type"] == "ADDED"
     with pytest.raises(ApiException) as err:
         next(it)
@@ -89,7 +95,7 @@ def test_an_error_event_raises_its_status_so_a_410_relists() -> None:
 def test_a_refused_watch_raises_with_the_http_status() -> None:
     resp = Response([], status=403)
     with pytest.raises(ApiException) as err:
-        list(kubewatch.events(lister(resp, {}), resource_version="1", timeout_s=5))
+        list(events(lister(resp, {}), resource_version="1", timeout_s=5))
     assert err.value.status == 403
     assert resp.released
 
@@ -176,7 +182,7 @@ def test_a_watch_on_a_descriptor_above_1024_is_read_too() -> None:
     try:
         resp = pool.request("GET", f"http://127.0.0.1:{server.port}/w", preload_content=False)
         assert cast(Any, resp)._fp.fp.raw._sock.fileno() >= 1024
-        got = list(kubewatch.events(lambda **kw: resp, resource_version="0", timeout_s=5,
+        got = list(events(lambda **kw: resp, resource_version="0", timeout_s=5,
                                     linger_s=0.05))
     finally:
         for fd in filler:
