@@ -123,9 +123,13 @@ class Kube:
         """(the Job as stored, whether this call created it); AlreadyExists reads it."""
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            resp = self.batch.create_namespaced_job(ns, _strip_none(body),
-                                                    _preload_content=False)
-            return self._raw(resp), True
+            # By its path (kestrel.kubeclient.send): the typed create_namespaced_job
+            # validates the dict into a V1Job model and serialises that back, 230-410 us
+            # of CPU more per Job (929-1223 against 696-808 us, 200 creates each against
+            # the real apiserver), one Job per placement.
+            return kubewatch.loads(kubeclient.send(
+                self.api, "POST", f"/apis/batch/v1/namespaces/{ns}/jobs",
+                _strip_none(body))), True
         except ApiException as exc:
             if exc.status != 409:
                 raise
