@@ -89,8 +89,10 @@ def consumer_pending_gauge(registry: CollectorRegistry) -> Gauge:
 
 async def watch_consumers(js: JetStreamContext, gauge: Gauge,
                           consumers: Sequence[tuple[str, str]], stop: asyncio.Event,
-                          every_s: float = 2.0) -> None:
-    """Set `gauge` for each (stream, durable) from JetStream's consumer info until stop."""
+                          every_s: float = 5.0) -> None:
+    """Set `gauge` for each (stream, durable) from JetStream's consumer info until stop,
+    every `every_s` (Prometheus scrapes every 5 s; each info is a JetStream API call and
+    an advisory, 1.5 a second each across three services at the 2 s this was)."""
     while not stop.is_set():
         for stream, durable in consumers:
             try:

@@ -89,3 +89,38 @@ async def test_what_a_closed_puller_did_not_hand_out_is_delivered_again_at_once(
     await _handle(second, 4, 10, handled)  # the rest, at once
     assert sorted(handled) == list(range(10)) and len(set(handled)) == 10
     await second.close()
+
+
+async def test_a_message_after_a_puller_closed_goes_to_the_next_at_once_not_its_dead_inbox(
+        conn: tuple[Any, Any, str]) -> None:
+    """An idle puller leaves a request waiting on the server for PULL_EXPIRES_S (5 s).
+    Once it closed, nothing listens on that request's inbox: a message published then
+    must not be delivered there (it would wait out the 30 s ack wait), but to the next
+    puller of the same durable."""
+    nc, js, tenant = conn
+    durable = bus.Durable(STREAM, "kestrel.workload.>", "puller-d", 16)
+    first = await bus.Puller.open(nc, durable)
+    assert await first.fetch(16, timeout=0.1) == []  # a 5 s request now waits on the server
+    assert first.in_flight()
+    await first.close()
+    await _publish(js, tenant, 1)
+    second = await bus.Puller.open(nc, durable)
+    got = await second.fetch(16, timeout=3)
+    assert [m.data for m in got] == [b"0"]
+    await got[0].ack()
+    await second.close()
+
+
+async def test_a_request_the_server_forgot_in_a_reconnect_is_asked_again_at_once(
+        conn: tuple[Any, Any, str]) -> None:
+    """A restarted NATS forgets waiting requests: a reconnect (the client's count of
+    them) ends the one in flight, so the next fetch asks again rather than waiting
+    out its 5 s expiry."""
+    nc = conn[0]
+    puller = await bus.Puller.open(nc, bus.Durable(STREAM, "kestrel.workload.>", "puller-e",
+                                                   16))
+    assert await puller.fetch(16, timeout=0.1) == []
+    assert puller.in_flight()
+    nc.stats["reconnects"] += 1  # what nats-py counts when it reconnected
+    assert not puller.in_flight()
+    await puller.close()
