@@ -1,9 +1,11 @@
-"""Process lifecycle shared by services: logging, /metrics, SIGTERM drain."""
+"""Process lifecycle shared by services: logging, the garbage collector, /metrics,
+SIGTERM drain."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -69,9 +71,32 @@ async def pause_unless_stopped(delay_s: float) -> None:
         raise Stopped
 
 
+# Allocations between two young collections (CPython's default is 700), and young
+# collections between two of the next generation (default 10).
+GC_THRESHOLDS = (20_000, 20, 20)
+
+
+def tune_gc() -> None:
+    """Collect less often, and never again look at what start-up made.
+
+    The services hold what they watch (the placer every Job, Workload and pod of a
+    running job as parsed JSON, thousands of small objects each), and every parsed watch
+    event or protobuf message allocates hundreds more; at CPython's default thresholds
+    the collector ran 750 times in the placer over a 300-job run, a full collection
+    five times, 0.51 s of its 3.5 s of CPU (gc.callbacks, bench-jobs' plane phase).
+    Frozen start-up objects (modules, classes, clients) are skipped by every collection;
+    with the thresholds above the same run collected 14 times, in 0.07 s, for a few MB
+    more of garbage waiting at most. Nothing here depends on when cycles are freed:
+    connections and files are closed explicitly."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run_main(service: str, run: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """`python -m services.<service>`: log, run until SIGTERM or SIGINT, drain, exit."""
     setup_logging(service, os.environ.get("KESTREL_LOG_LEVEL", "INFO"))
+    tune_gc()
 
     async def main() -> None:
         await run(stop_event_on_signals())
