@@ -311,7 +311,7 @@ class Durable:
 # How long one pull request waits on the server for messages. An idle consumer keeps
 # one waiting: at 0.5 s, the asks of the three services' consumers and their 408
 # answers took NATS from 0.5 to 8.5 ms of CPU a second with nothing to deliver (and the
-# services 2-3 ms a second each); at 5 s, 4.5 ms (measured with the plane idle, 20 s).
+# services 2-3 ms a second each); at 5 s, 4.0-4.5 ms (the plane idle, 20-30 s each).
 PULL_EXPIRES_S = 5.0
 # A request asked ahead (the batch before was full) expires sooner: closing waits for
 # it (see Puller.close), and it is asked only while a backlog lasts.
