@@ -64,6 +64,7 @@ class NC:
         self.asked: list[dict[str, Any]] = []
         self.subscribed: list[str] = []
         self.sub = Sub()
+        self.stats = {"reconnects": 0}  # as nats-py's Client counts them
 
     def jetstream(self) -> JS:
         return self.js
@@ -104,6 +105,7 @@ def later(p: bus.Puller, *msgs: Msg, after_s: float = 0.01) -> asyncio.Task[None
 @pytest.fixture(autouse=True)
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bus, "PULL_EXPIRES_S", 0.2)
+    monkeypatch.setattr(bus, "PULL_AHEAD_EXPIRES_S", 0.2)
     monkeypatch.setattr(bus, "PULL_LOST_S", 0.1)
 
 
