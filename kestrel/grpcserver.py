@@ -65,35 +65,37 @@ def _finished(task: asyncio.Future[Any]) -> None:
         log.warning("work of a cancelled rpc failed after it: %s", task.exception())
 
 
-def _request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+def request_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     for key, value in context.invocation_metadata() or ():
         if key == "x-request-id" and isinstance(value, str):
             return value[:64]
     return uuid.uuid4().hex[:16]
 
 
-def _log_failure(name: str, rid: str, exc: Exception) -> None:
-    if transient(exc):  # a store away: said once, without a traceback per call
+def log_failure(name: str, rid: str, exc: Exception) -> None:
+    """One line per failed call (or per failed item of a batch call): a domain error as
+    the status it becomes, a store away once without a traceback, anything else with
+    its traceback."""
+    if isinstance(exc, KestrelError):
+        log.info("rpc %s request_id=%s -> %s: %s", name, rid, exc.code.name, exc.message)
+    elif transient(exc):  # a store away: said once, without a traceback per call
         log.warning("rpc %s request_id=%s -> UNAVAILABLE: %s: %s", name, rid,
                     type(exc).__name__, exc)
     else:
-        log.exception("rpc %s request_id=%s failed", name, rid)
+        log.error("rpc %s request_id=%s failed", name, rid, exc_info=exc)
 
 
 def _wrap_unary(name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        rid = _request_id(context)
+        rid = request_id(context)
         try:
             check_strings(request)
             return await fn(self, request, context)
-        except KestrelError as exc:
-            log.info("rpc %s request_id=%s -> %s: %s", name, rid, exc.code.name, exc.message)
-            await abort_with(context, exc)
         except (grpc.aio.AbortError, grpc.aio.UsageError):
             raise
         except Exception as exc:
-            _log_failure(name, rid, exc)
+            log_failure(name, rid, exc)
             await abort_with(context, exc)
         return None  # unreachable: abort raises
 
@@ -103,18 +105,15 @@ def _wrap_unary(name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., A
 def _wrap_stream(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        rid = _request_id(context)
+        rid = request_id(context)
         try:
             check_strings(request)
             async for item in fn(self, request, context):
                 yield item
-        except KestrelError as exc:
-            log.info("rpc %s request_id=%s -> %s: %s", name, rid, exc.code.name, exc.message)
-            await abort_with(context, exc)
         except (grpc.aio.AbortError, grpc.aio.UsageError):
             raise
         except Exception as exc:
-            _log_failure(name, rid, exc)
+            log_failure(name, rid, exc)
             await abort_with(context, exc)
 
     return wrapper
@@ -160,7 +159,7 @@ def lenient(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], An
 
 async def _reject(name: str, bad: Undecodable,
                   context: grpc.aio.ServicerContext[Any, Any]) -> None:
-    log.info("rpc %s request_id=%s -> INVALID_ARGUMENT: %s", name, _request_id(context),
+    log.info("rpc %s request_id=%s -> INVALID_ARGUMENT: %s", name, request_id(context),
              bad.sentence)
     await abort_with(context, InvalidArgument([], message=bad.sentence))
 

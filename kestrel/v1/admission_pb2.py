@@ -25,27 +25,33 @@ _sym_db = _symbol_database.Default()
 from kestrel.v1 import common_pb2 as kestrel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akestrel/v1/admission.proto\x12\nkestrel.v1\x1a\x17kestrel/v1/common.proto\",\n\x0c\x41\x64mitRequest\x12\x1c\n\x03job\x18\x01 \x01(\x0b\x32\x0f.kestrel.v1.Job\"\xb2\x01\n\rAdmitResponse\x12&\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32\x14.kestrel.v1.Decision\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08reserved\x18\x03 \x01(\t\x12\x15\n\rpriced_flavor\x18\x04 \x01(\t\x12\"\n\x06runway\x18\x05 \x01(\x0b\x32\x12.kestrel.v1.Runway\x12\x1c\n\x03job\x18\x06 \x01(\x0b\x32\x0f.kestrel.v1.Job\"@\n\x0eReleaseRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"A\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x12\x1c\n\x03job\x18\x02 \x01(\x0b\x32\x0f.kestrel.v1.Job\"!\n\x0fListHeldRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"1\n\x10ListHeldResponse\x12\x1d\n\x04jobs\x18\x01 \x03(\x0b\x32\x0f.kestrel.v1.Job*e\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x45\x43ISION_ADMITTED\x10\x01\x12\x11\n\rDECISION_HELD\x10\x02\x12\x15\n\x11\x44\x45\x43ISION_REJECTED\x10\x03\x32\xd4\x01\n\tAdmission\x12<\n\x05\x41\x64mit\x12\x18.kestrel.v1.AdmitRequest\x1a\x19.kestrel.v1.AdmitResponse\x12\x42\n\x07Release\x12\x1a.kestrel.v1.ReleaseRequest\x1a\x1b.kestrel.v1.ReleaseResponse\x12\x45\n\x08ListHeld\x12\x1b.kestrel.v1.ListHeldRequest\x1a\x1c.kestrel.v1.ListHeldResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akestrel/v1/admission.proto\x12\nkestrel.v1\x1a\x17kestrel/v1/common.proto\",\n\x0c\x41\x64mitRequest\x12\x1c\n\x03job\x18\x01 \x01(\x0b\x32\x0f.kestrel.v1.Job\"\xb2\x01\n\rAdmitResponse\x12&\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32\x14.kestrel.v1.Decision\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x10\n\x08reserved\x18\x03 \x01(\t\x12\x15\n\rpriced_flavor\x18\x04 \x01(\t\x12\"\n\x06runway\x18\x05 \x01(\x0b\x32\x12.kestrel.v1.Runway\x12\x1c\n\x03job\x18\x06 \x01(\x0b\x32\x0f.kestrel.v1.Job\"?\n\x11\x41\x64mitBatchRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.kestrel.v1.AdmitRequest\">\n\x12\x41\x64mitBatchResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.kestrel.v1.AdmitResult\"W\n\x0b\x41\x64mitResult\x12-\n\x08response\x18\x01 \x01(\x0b\x32\x19.kestrel.v1.AdmitResponseH\x00\x12\x0f\n\x05\x65rror\x18\x02 \x01(\x0cH\x00\x42\x08\n\x06result\"@\n\x0eReleaseRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"A\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x12\x1c\n\x03job\x18\x02 \x01(\x0b\x32\x0f.kestrel.v1.Job\"!\n\x0fListHeldRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"1\n\x10ListHeldResponse\x12\x1d\n\x04jobs\x18\x01 \x03(\x0b\x32\x0f.kestrel.v1.Job*e\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x45\x43ISION_ADMITTED\x10\x01\x12\x11\n\rDECISION_HELD\x10\x02\x12\x15\n\x11\x44\x45\x43ISION_REJECTED\x10\x03\x32\xa1\x02\n\tAdmission\x12<\n\x05\x41\x64mit\x12\x18.kestrel.v1.AdmitRequest\x1a\x19.kestrel.v1.AdmitResponse\x12K\n\nAdmitBatch\x12\x1d.kestrel.v1.AdmitBatchRequest\x1a\x1e.kestrel.v1.AdmitBatchResponse\x12\x42\n\x07Release\x12\x1a.kestrel.v1.ReleaseRequest\x1a\x1b.kestrel.v1.ReleaseResponse\x12\x45\n\x08ListHeld\x12\x1b.kestrel.v1.ListHeldRequest\x1a\x1c.kestrel.v1.ListHeldResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kestrel.v1.admission_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DECISION']._serialized_start=513
-  _globals['_DECISION']._serialized_end=614
+  _globals['_DECISION']._serialized_start=731
+  _globals['_DECISION']._serialized_end=832
   _globals['_ADMITREQUEST']._serialized_start=67
   _globals['_ADMITREQUEST']._serialized_end=111
   _globals['_ADMITRESPONSE']._serialized_start=114
   _globals['_ADMITRESPONSE']._serialized_end=292
-  _globals['_RELEASEREQUEST']._serialized_start=294
-  _globals['_RELEASEREQUEST']._serialized_end=358
-  _globals['_RELEASERESPONSE']._serialized_start=360
-  _globals['_RELEASERESPONSE']._serialized_end=425
-  _globals['_LISTHELDREQUEST']._serialized_start=427
-  _globals['_LISTHELDREQUEST']._serialized_end=460
-  _globals['_LISTHELDRESPONSE']._serialized_start=462
-  _globals['_LISTHELDRESPONSE']._serialized_end=511
-  _globals['_ADMISSION']._serialized_start=617
-  _globals['_ADMISSION']._serialized_end=829
+  _globals['_ADMITBATCHREQUEST']._serialized_start=294
+  _globals['_ADMITBATCHREQUEST']._serialized_end=357
+  _globals['_ADMITBATCHRESPONSE']._serialized_start=359
+  _globals['_ADMITBATCHRESPONSE']._serialized_end=421
+  _globals['_ADMITRESULT']._serialized_start=423
+  _globals['_ADMITRESULT']._serialized_end=510
+  _globals['_RELEASEREQUEST']._serialized_start=512
+  _globals['_RELEASEREQUEST']._serialized_end=576
+  _globals['_RELEASERESPONSE']._serialized_start=578
+  _globals['_RELEASERESPONSE']._serialized_end=643
+  _globals['_LISTHELDREQUEST']._serialized_start=645
+  _globals['_LISTHELDREQUEST']._serialized_end=678
+  _globals['_LISTHELDRESPONSE']._serialized_start=680
+  _globals['_LISTHELDRESPONSE']._serialized_end=729
+  _globals['_ADMISSION']._serialized_start=835
+  _globals['_ADMISSION']._serialized_end=1124
 # @@protoc_insertion_point(module_scope)

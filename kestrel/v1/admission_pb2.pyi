@@ -101,6 +101,76 @@ class AdmitResponse(_message.Message):
 Global___AdmitResponse: _TypeAlias = AdmitResponse  # noqa: Y015
 
 @_typing.final
+class AdmitBatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___AdmitRequest]: ...
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___AdmitRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmitBatchRequest: _TypeAlias = AdmitBatchRequest  # noqa: Y015
+
+@_typing.final
+class AdmitBatchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___AdmitResult]:
+        """One per request, in the same order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___AdmitResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmitBatchResponse: _TypeAlias = AdmitBatchResponse  # noqa: Y015
+
+@_typing.final
+class AdmitResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    error: _builtins.bytes
+    """What Admit would have failed with: a google.rpc.Status (code, message,
+    details such as BadRequest and RetryInfo), serialized.
+    """
+    @_builtins.property
+    def response(self) -> Global___AdmitResponse: ...
+    def __init__(
+        self,
+        *,
+        response: Global___AdmitResponse | None = ...,
+        error: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "response", b"response", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "response", b"response", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["response", "error"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___AdmitResult: _TypeAlias = AdmitResult  # noqa: Y015
+
+@_typing.final
 class ReleaseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

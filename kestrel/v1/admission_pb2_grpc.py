@@ -41,6 +41,11 @@ class AdmissionStub:
                 request_serializer=kestrel_dot_v1_dot_admission__pb2.AdmitRequest.SerializeToString,
                 response_deserializer=kestrel_dot_v1_dot_admission__pb2.AdmitResponse.FromString,
                 _registered_method=True)
+        self.AdmitBatch = channel.unary_unary(
+                '/kestrel.v1.Admission/AdmitBatch',
+                request_serializer=kestrel_dot_v1_dot_admission__pb2.AdmitBatchRequest.SerializeToString,
+                response_deserializer=kestrel_dot_v1_dot_admission__pb2.AdmitBatchResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/kestrel.v1.Admission/Release',
                 request_serializer=kestrel_dot_v1_dot_admission__pb2.ReleaseRequest.SerializeToString,
@@ -60,6 +65,17 @@ class AdmissionServicer:
 
     def Admit(self, request, context):
         """Decide on a job; idempotent by job_id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdmitBatch(self, request, context):
+        """Decide on several jobs in one call, each exactly as Admit would. The gateway
+        sends the submits that arrived while its previous call was in flight, so a busy
+        gateway pays one round trip, and admission one ledger snapshot and one insert
+        per tenant, for many jobs. Results are in request order; one job's failure does
+        not fail the others.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -86,6 +102,11 @@ def add_AdmissionServicer_to_server(servicer, server):
                     servicer.Admit,
                     request_deserializer=kestrel_dot_v1_dot_admission__pb2.AdmitRequest.FromString,
                     response_serializer=kestrel_dot_v1_dot_admission__pb2.AdmitResponse.SerializeToString,
+            ),
+            'AdmitBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdmitBatch,
+                    request_deserializer=kestrel_dot_v1_dot_admission__pb2.AdmitBatchRequest.FromString,
+                    response_serializer=kestrel_dot_v1_dot_admission__pb2.AdmitBatchResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -127,6 +148,33 @@ class Admission:
             '/kestrel.v1.Admission/Admit',
             kestrel_dot_v1_dot_admission__pb2.AdmitRequest.SerializeToString,
             kestrel_dot_v1_dot_admission__pb2.AdmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdmitBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kestrel.v1.Admission/AdmitBatch',
+            kestrel_dot_v1_dot_admission__pb2.AdmitBatchRequest.SerializeToString,
+            kestrel_dot_v1_dot_admission__pb2.AdmitBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,6 +37,13 @@ class AdmissionStub:
     def __new__(cls, channel: _aio.Channel) -> AdmissionAsyncStub: ...
     Admit: _grpc.UnaryUnaryMultiCallable[_admission_pb2.AdmitRequest, _admission_pb2.AdmitResponse]
     """Decide on a job; idempotent by job_id."""
+    AdmitBatch: _grpc.UnaryUnaryMultiCallable[_admission_pb2.AdmitBatchRequest, _admission_pb2.AdmitBatchResponse]
+    """Decide on several jobs in one call, each exactly as Admit would. The gateway
+    sends the submits that arrived while its previous call was in flight, so a busy
+    gateway pays one round trip, and admission one ledger snapshot and one insert
+    per tenant, for many jobs. Results are in request order; one job's failure does
+    not fail the others.
+    """
     Release: _grpc.UnaryUnaryMultiCallable[_admission_pb2.ReleaseRequest, _admission_pb2.ReleaseResponse]
     """Drop a job's reservation or hold (cancel before it ran)."""
     ListHeld: _grpc.UnaryUnaryMultiCallable[_admission_pb2.ListHeldRequest, _admission_pb2.ListHeldResponse]
@@ -51,6 +58,13 @@ class AdmissionAsyncStub(AdmissionStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Admit: _aio.UnaryUnaryMultiCallable[_admission_pb2.AdmitRequest, _admission_pb2.AdmitResponse]  # type: ignore[assignment]
     """Decide on a job; idempotent by job_id."""
+    AdmitBatch: _aio.UnaryUnaryMultiCallable[_admission_pb2.AdmitBatchRequest, _admission_pb2.AdmitBatchResponse]  # type: ignore[assignment]
+    """Decide on several jobs in one call, each exactly as Admit would. The gateway
+    sends the submits that arrived while its previous call was in flight, so a busy
+    gateway pays one round trip, and admission one ledger snapshot and one insert
+    per tenant, for many jobs. Results are in request order; one job's failure does
+    not fail the others.
+    """
     Release: _aio.UnaryUnaryMultiCallable[_admission_pb2.ReleaseRequest, _admission_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Drop a job's reservation or hold (cancel before it ran)."""
     ListHeld: _aio.UnaryUnaryMultiCallable[_admission_pb2.ListHeldRequest, _admission_pb2.ListHeldResponse]  # type: ignore[assignment]
@@ -68,6 +82,19 @@ class AdmissionServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admission_pb2.AdmitResponse, _abc.Awaitable[_admission_pb2.AdmitResponse]]:
         """Decide on a job; idempotent by job_id."""
+
+    @_abc_1.abstractmethod
+    def AdmitBatch(
+        self,
+        request: _admission_pb2.AdmitBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admission_pb2.AdmitBatchResponse, _abc.Awaitable[_admission_pb2.AdmitBatchResponse]]:
+        """Decide on several jobs in one call, each exactly as Admit would. The gateway
+        sends the submits that arrived while its previous call was in flight, so a busy
+        gateway pays one round trip, and admission one ledger snapshot and one insert
+        per tenant, for many jobs. Results are in request order; one job's failure does
+        not fail the others.
+        """
 
     @_abc_1.abstractmethod
     def Release(

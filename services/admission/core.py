@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -38,7 +38,7 @@ from services.admission.domain import (
     releasable,
 )
 from services.admission.runway_check import Money
-from services.admission.store import AdmissionStore, Snapshot
+from services.admission.store import AdmissionStore, NewJob, Snapshot
 
 log = logging.getLogger("kestrel.admission")
 
@@ -85,6 +85,14 @@ class Book:
             self.pending -= amount
         self.started.discard(job_id)
         self.rolling.discard(job_id)
+
+
+@dataclass(frozen=True)
+class Submission:
+    ask: JobAsk
+    name: str
+    spec: bytes  # kestrel.v1.JobSpec, serialized
+    key: str  # idempotency key ('' for none)
 
 
 @dataclass(frozen=True)
@@ -168,38 +176,144 @@ class Admission:
     # --- decisions -----------------------------------------------------------
 
     async def admit(self, ask: JobAsk, name: str, spec: bytes, key: str) -> Outcome:
-        """Decide under the tenant's lock; publish after it, so the next decision of the
-        tenant does not wait for the bus."""
-        out = await self._admit_locked(ask, name, spec, key)
-        if not out.duplicate:
-            await self.publish(out.job, None)
+        """Decide on one job (see admit_many)."""
+        (out,) = await self.admit_many([Submission(ask, name, spec, key)])
+        if isinstance(out, BaseException):
+            raise out
         return out
 
-    async def _admit_locked(self, ask: JobAsk, name: str, spec: bytes, key: str) -> Outcome:
-        b = self.book(ask.tenant)
+    async def admit_many(self, subs: Sequence[Submission]) -> list[Outcome | Exception]:
+        """Decide on each submission as if they had come one by one, in order: each
+        tenant's under its lock, with one ledger snapshot and one insert for all of its
+        jobs here. Publish after the locks, so the next decision of a tenant does not
+        wait for the bus. Results are in order; a failure is that job's result (a
+        tenant's store failure is each of its jobs' result), never another tenant's."""
+        groups: dict[str, list[int]] = {}
+        for i, sub in enumerate(subs):
+            groups.setdefault(sub.ask.tenant, []).append(i)
+        results: list[Outcome | Exception] = [NotFound("undecided")] * len(subs)
+
+        async def decide_group(idx: list[int]) -> None:
+            try:
+                outs: Sequence[Outcome | Exception] = await self._admit_group(
+                    [subs[i] for i in idx])
+            except Exception as exc:  # the snapshot or the insert failed: none decided
+                outs = [exc] * len(idx)
+            for i, out in zip(idx, outs, strict=True):
+                results[i] = out
+
+        await asyncio.gather(*(decide_group(idx) for idx in groups.values()))
+
+        async def announce(i: int, out: Outcome) -> None:
+            try:
+                await self.publish(out.job, None)
+            except Exception as exc:
+                results[i] = exc
+
+        await asyncio.gather(*(announce(i, out) for i, out in enumerate(results)
+                               if isinstance(out, Outcome) and not out.duplicate))
+        return results
+
+    async def _admit_group(self, subs: Sequence[Submission]) -> list[Outcome | Exception]:
+        """One tenant's submissions, decided in order under its lock."""
+        tenant = subs[0].ask.tenant
+        b = self.book(tenant)
         async with b.lock:
-            if key:
-                existing = await self.store.find_by_key(ask.tenant, key)
-                if existing is not None:
-                    return self._replay(existing)
-            policy, budget = await self._budget(ask.tenant, b)
-            if policy is None:
-                raise NotFound(f"tenant {ask.tenant!r} does not exist")
-            queue_ahead = any(h.priority >= ask.priority for h in b.held.values())
-            d = decide(ask, policy, budget, self.prices, self.max_node_gpus, queue_ahead)
-            row = await self.store.insert(ask, name, spec, key, d, self.clock())
-            if row is None:  # the job id or key exists already: report that job
-                again = (await self.store.find_by_key(ask.tenant, key) if key
-                         else await self.store.get(ask.job_id))
-                if again is None or again.tenant != ask.tenant:
-                    raise FailedPrecondition(f"job id {ask.job_id} is taken")
-                return self._replay(again)
+            out: list[Outcome | Exception] = [NotFound("undecided")] * len(subs)
+            keys = sorted({s.key for s in subs if s.key})
+            existing = await self.store.find_by_keys(tenant, keys) if keys else {}
+            # A key or a job id used twice here: the later one is answered as it would
+            # have been one call later (the first's job, or its id taken).
+            first_of: dict[tuple[str, str], int] = {}
+            repeats: dict[int, int] = {}
+            todo: list[int] = []
+            for i, sub in enumerate(subs):
+                same_key = first_of.get(("key", sub.key)) if sub.key else None
+                same_id = first_of.get(("id", sub.ask.job_id))
+                if sub.key in existing:
+                    out[i] = self._replay(existing[sub.key])
+                elif same_key is not None:
+                    repeats[i] = same_key
+                elif same_id is not None and not sub.key:
+                    repeats[i] = same_id
+                elif same_id is not None:
+                    out[i] = FailedPrecondition(f"job id {sub.ask.job_id} is taken")
+                else:
+                    if sub.key:
+                        first_of[("key", sub.key)] = i
+                    first_of[("id", sub.ask.job_id)] = i
+                    todo.append(i)
+            if todo:
+                policy, budget = await self._budget(tenant, b)
+                if policy is None:
+                    for i in todo:
+                        out[i] = NotFound(f"tenant {tenant!r} does not exist")
+                else:
+                    for i, o in zip(todo, await self._decide_and_store(
+                            b, policy, budget, [subs[i] for i in todo]), strict=True):
+                        out[i] = o
+            for i, first in repeats.items():
+                done = out[first]
+                out[i] = self._replay(done.job) if isinstance(done, Outcome) else done
+            return out
+
+    async def _decide_and_store(self, b: Book, policy: Policy, budget: Budget,
+                                subs: Sequence[Submission]) -> list[Outcome | Exception]:
+        """Decide each in order (each sees the holds and the queue the ones before it
+        left), store them in one statement, then remember what was stored."""
+        held_priorities = [h.priority for h in b.held.values()]
+        decided: list[tuple[NewJob, Budget]] = []
+        for sub in subs:
+            queue_ahead = any(p >= sub.ask.priority for p in held_priorities)
+            d = decide(sub.ask, policy, budget, self.prices, self.max_node_gpus, queue_ahead)
             if d.verdict is Verdict.ADMITTED:
-                b.hold(ask.job_id, d.reserved, ask.rolling)
+                budget = budget.plus(d.reserved)
             elif d.verdict is Verdict.HELD:
-                b.held[ask.job_id] = ask_of(row, ask.flavor)
-            return Outcome(row, d, budget.plus(d.reserved)
-                           if d.verdict is Verdict.ADMITTED else budget)
+                held_priorities.append(sub.ask.priority)
+            decided.append((NewJob(sub.ask, sub.name, sub.spec, sub.key, d), budget))
+        rows = await self.store.insert(policy.tenant, [n for n, _ in decided], self.clock())
+        # What was stored is held in the book before anything else is awaited: a later
+        # failure must not leave a committed hold unknown to the next decision.
+        out: list[Outcome | Exception | None] = []
+        for new, after in decided:
+            row = rows.get(new.ask.job_id)
+            if row is None:  # the job id or key exists already: reported below
+                out.append(None)
+                continue
+            if new.decision.verdict is Verdict.ADMITTED:
+                b.hold(new.ask.job_id, new.decision.reserved, new.ask.rolling)
+            elif new.decision.verdict is Verdict.HELD:
+                b.held[new.ask.job_id] = ask_of(row, new.ask.flavor)
+            out.append(Outcome(row, new.decision, after))
+        again: dict[str, JobRow] | Exception = {}
+        if any(o is None for o in out):
+            try:
+                again = await self._already_stored(
+                    policy.tenant, [n for n, _ in decided if n.ask.job_id not in rows])
+            except Exception as exc:  # only the collided ones fail with it
+                again = exc
+        return [o if o is not None else self._collided(n, again)
+                for o, (n, _) in zip(out, decided, strict=True)]
+
+    def _collided(self, new: NewJob, stored: dict[str, JobRow] | Exception
+                  ) -> Outcome | Exception:
+        """A job whose id or key was already used: that job, replayed."""
+        if isinstance(stored, Exception):
+            return stored
+        row = stored.get(new.ask.job_id)
+        return (self._replay(row) if row is not None else
+                FailedPrecondition(f"job id {new.ask.job_id} is taken"))
+
+    async def _already_stored(self, tenant: str, jobs: Sequence[NewJob]) -> dict[str, JobRow]:
+        """The tenant's stored job each of `jobs` collided with (by its key, else its
+        id), by the id it was submitted with; another tenant's job is left out."""
+        keys = [n.key for n in jobs if n.key]
+        ids = [n.ask.job_id for n in jobs if not n.key]
+        by_key = await self.store.find_by_keys(tenant, keys) if keys else {}
+        by_id = await self.store.get_many(ids) if ids else {}
+        out = {n.ask.job_id: by_key[n.key] for n in jobs if n.key in by_key}
+        out.update({jid: row for jid, row in by_id.items() if row.tenant == tenant})
+        return out
 
     def _replay(self, row: JobRow) -> Outcome:
         verdict = {JobState.HELD: Verdict.HELD, JobState.REJECTED: Verdict.REJECTED}.get(

@@ -28,6 +28,17 @@ def _qualified(alias: str, cols: str) -> str:
 
 
 @dataclass(frozen=True)
+class NewJob:
+    """A decided job, to be stored."""
+
+    ask: JobAsk
+    name: str
+    spec: bytes
+    key: str  # idempotency key ('' for none)
+    decision: Decision
+
+
+@dataclass(frozen=True)
 class Snapshot:
     policy: Policy | None
     credits: Decimal
@@ -80,45 +91,66 @@ class AdmissionStore:
         consumed = {wid: Decimal(c) for wid, _, c in allocs if c is not None}
         return Snapshot(policy, r["credits"], r["charged"], int(r["seq"]), closed, consumed)
 
-    async def find_by_key(self, tenant: str, key: str) -> JobRow | None:
-        r = await self.pool.fetchrow(
-            f"SELECT {JOB_COLS} FROM jobs WHERE tenant = $1 AND idempotency_key = $2",
-            tenant, key)
-        return job_row(r) if r else None
-
     async def get(self, job_id: str) -> JobRow | None:
         r = await self.pool.fetchrow(f"SELECT {JOB_COLS} FROM jobs WHERE job_id = $1", job_id)
         return job_row(r) if r else None
 
-    async def insert(self, ask: JobAsk, name: str, spec: bytes, key: str, d: Decision,
-                     now_us: int) -> JobRow | None:
-        """Store a decided job (and its reservation when admitted). None when the
-        idempotency key or job id was already used: the caller returns that job."""
+    async def find_by_keys(self, tenant: str, keys: Sequence[str]) -> dict[str, JobRow]:
+        """The tenant's jobs stored under any of `keys`, by key."""
+        rows = await self.pool.fetch(
+            f"SELECT {JOB_COLS} FROM jobs WHERE tenant = $1 AND idempotency_key = ANY($2)",
+            tenant, list(keys))
+        return {r["idempotency_key"]: job_row(r) for r in rows}
+
+    async def insert(self, tenant: str, jobs: Sequence[NewJob], now_us: int
+                     ) -> dict[str, JobRow]:
+        """Store a tenant's decided jobs, in order (their seq follows it), with each
+        one's first transition and, when admitted, its reservation. Returns the rows
+        stored, by job id: a job whose idempotency key or id was already used is
+        absent, and the caller reports that job instead.
+
+        One statement (so one round trip and one implicit transaction) for all of
+        them, or nothing at all."""
         state = {Verdict.ADMITTED: JobState.ADMITTED, Verdict.HELD: JobState.HELD,
-                 Verdict.REJECTED: JobState.REJECTED}[d.verdict]
-        admitted = d.verdict is Verdict.ADMITTED
-        # One statement (so one round trip and one implicit transaction): the job, its
-        # first transition and, when admitted, its reservation, or nothing at all.
-        r = await self.pool.fetchrow(f"""
-            WITH j AS (
+                 Verdict.REJECTED: JobState.REJECTED}
+        cols: list[list[object]] = [[] for _ in range(14)]
+        for j in jobs:
+            admitted = j.decision.verdict is Verdict.ADMITTED
+            for col, value in zip(cols, (
+                    j.ask.job_id, j.name, j.spec, j.ask.gpus, j.ask.priority,
+                    j.ask.max_duration_s, int(state[j.decision.verdict]), j.decision.reason,
+                    j.decision.reserved if admitted else 0, j.decision.priced_flavor, j.key,
+                    now_us if admitted else 0,
+                    now_us if j.decision.verdict is Verdict.REJECTED else 0,
+                    j.ask.rolling), strict=True):
+                col.append(value)
+        rows = await self.pool.fetch(f"""
+            WITH v AS (
+              SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int[], $5::int[],
+                                   $6::bigint[], $7::smallint[], $8::text[], $9::numeric[],
+                                   $10::text[], $11::text[], $12::bigint[], $13::bigint[],
+                                   $14::boolean[])
+                WITH ORDINALITY AS v(job_id, name, spec, gpus, priority, max_duration_s,
+                                     state, reason, reserved, priced_flavor, idempotency_key,
+                                     admitted_us, finished_us, rolling, ord)),
+            j AS (
               INSERT INTO jobs (job_id, tenant, name, spec, gpus, priority, max_duration_s,
                                 state, reason, reserved, priced_flavor, idempotency_key,
                                 created_us, admitted_us, finished_us)
-              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+              SELECT job_id, $15, name, spec, gpus, priority, max_duration_s, state, reason,
+                     reserved, priced_flavor, idempotency_key, $16, admitted_us, finished_us
+              FROM v ORDER BY ord
               ON CONFLICT DO NOTHING RETURNING {JOB_COLS}),
             t AS (
               INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, time_us)
-              SELECT job_id, tenant, 0, state, reason, $13 FROM j),
+              SELECT job_id, tenant, 0, state, reason, $16 FROM j),
             r AS (
               INSERT INTO reservations (reservation_id, tenant, workload_id, amount, created_us,
                                         rolling)
-              SELECT job_id, tenant, job_id, reserved, $13, $17 FROM j WHERE $16::boolean)
-            SELECT * FROM j""",
-            ask.job_id, ask.tenant, name, spec, ask.gpus, ask.priority, ask.max_duration_s,
-            int(state), d.reason, d.reserved if admitted else 0, d.priced_flavor, key, now_us,
-            now_us if admitted else 0, now_us if d.verdict is Verdict.REJECTED else 0, admitted,
-            ask.rolling)
-        return job_row(r) if r else None
+              SELECT j.job_id, j.tenant, j.job_id, j.reserved, $16, v.rolling
+              FROM j JOIN v USING (job_id) WHERE j.state = {int(JobState.ADMITTED)})
+            SELECT * FROM j""", *cols, tenant, now_us)
+        return {r["job_id"]: job_row(r) for r in rows}
 
     async def admit_held(self, ask: JobAsk, d: Decision, now_us: int) -> JobRow | None:
         """HELD -> ADMITTED (or REJECTED) with its reservation; None if no longer HELD.

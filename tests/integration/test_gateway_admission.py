@@ -10,11 +10,11 @@ from decimal import Decimal
 import asyncpg
 import grpc
 import pytest
-from google.rpc import error_details_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from kestrel.sdk import AsyncClient, Client
-from kestrel.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from kestrel.v1 import admission_pb2, admission_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import OPERATOR_TOKEN, Plane
 from tests.integration.helpers import eventually, publish_events, wev
 
@@ -295,3 +295,91 @@ async def test_over_the_rate_limit_answers_resource_exhausted_with_retry_info(ap
     retry = error_details_pb2.RetryInfo()
     assert status.details[0].Unpack(retry)
     assert 0 < retry.retry_delay.seconds + retry.retry_delay.nanos / 1e9 <= 1.0
+
+
+def _job(job_id: str, tenant: str, seconds: int = 100, key: str = "",
+         gpus: int = 1) -> common_pb2.Job:
+    return common_pb2.Job(job_id=job_id, tenant=tenant, idempotency_key=key,
+                          spec=common_pb2.JobSpec(name="train", gpus=gpus, flavor="gpu-h100",
+                                                  max_duration_s=seconds))
+
+
+async def _admit_batch(api: Api, jobs: list[common_pb2.Job]
+                       ) -> list[admission_pb2.AdmitResult]:
+    async with grpc.aio.insecure_channel(api.plane.address("admission")) as ch:
+        resp = await admission_pb2_grpc.AdmissionStub(ch).AdmitBatch(
+            admission_pb2.AdmitBatchRequest(
+                requests=[admission_pb2.AdmitRequest(job=j) for j in jobs]))
+    return list(resp.results)
+
+
+def _error(result: admission_pb2.AdmitResult) -> status_pb2.Status:
+    assert result.WhichOneof("result") == "error"
+    return status_pb2.Status.FromString(result.error)
+
+
+async def test_a_batch_is_decided_in_order_as_if_submitted_one_by_one(api: Api) -> None:
+    await api.tenant("batch", "2.5")
+    jobs = [_job(f"job-{i:016x}", "batch") for i in range(4)]
+    results = await _admit_batch(api, [
+        jobs[0], _job("job-00000000000000a0", "nobody"), jobs[1],
+        _job("job-00000000000000b0", "batch", gpus=0), jobs[2], jobs[3]])
+    ok = [r.response for r in results if r.WhichOneof("result") == "response"]
+    assert [(r.job.job_id, r.decision) for r in ok] == [
+        (jobs[0].job_id, admission_pb2.DECISION_ADMITTED),
+        (jobs[1].job_id, admission_pb2.DECISION_ADMITTED),
+        (jobs[2].job_id, admission_pb2.DECISION_HELD),
+        (jobs[3].job_id, admission_pb2.DECISION_HELD)]
+    assert [r.runway.remaining for r in ok] == ["1.5", "0.5", "0.5", "0.5"]
+    assert _error(results[1]).code == grpc.StatusCode.NOT_FOUND.value[0]
+    bad = _error(results[3])
+    assert bad.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "job.spec.gpus" in bad.message
+    # Stored in the order given (seq is the release order among equals), each with its
+    # first transition; reservations for the admitted two only.
+    assert [r["job_id"] for r in await api.db.fetch(
+        "SELECT job_id FROM jobs WHERE tenant = 'batch' ORDER BY seq")] == [
+        j.job_id for j in jobs]
+    assert await api.db.fetchval(
+        "SELECT count(*) FROM job_transitions WHERE tenant = 'batch'") == 4
+    assert await api.db.fetchval(
+        "SELECT sum(amount) FROM reservations WHERE tenant = 'batch'") == Decimal(2)
+    assert await api.db.fetchval("SELECT count(*) FROM jobs WHERE tenant = 'nobody'") == 0
+
+
+async def test_a_key_or_job_id_already_used_in_or_before_a_batch_reports_that_job(
+        api: Api) -> None:
+    await api.tenant("again", "10")
+    await api.tenant("elsewhere", "10")
+    (first,) = await _admit_batch(api, [_job("job-0000000000000c01", "again", key="k1")])
+    results = await _admit_batch(api, [
+        _job("job-0000000000000c02", "again", key="k1"),  # the key of an earlier batch
+        _job("job-0000000000000c03", "again", key="k2"),
+        _job("job-0000000000000c04", "again", key="k2"),  # the same key twice here
+        _job("job-0000000000000c01", "again"),  # an id already stored, no key
+        _job("job-0000000000000c01", "elsewhere"),  # another tenant's id
+        _job("job-0000000000000c05", "again"),
+        _job("job-0000000000000c05", "again"),  # the same id twice here, no key
+        _job("job-0000000000000c05", "again", key="k3")])  # ... and with a new key
+    ids = [r.response.job.job_id for r in results[:4]]
+    assert ids == [first.response.job.job_id, "job-0000000000000c03",
+                   "job-0000000000000c03", first.response.job.job_id]
+    assert _error(results[4]).code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert [r.response.job.job_id for r in results[5:7]] == ["job-0000000000000c05"] * 2
+    assert _error(results[7]).code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert await api.db.fetchval("SELECT count(*) FROM jobs") == 3
+    assert await api.db.fetchval("SELECT sum(amount) FROM reservations") == Decimal(3)
+
+
+async def test_a_batch_beyond_its_bounds_is_refused_whole_and_stores_nothing(api: Api) -> None:
+    await api.tenant("bulk", "1000")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _admit_batch(api, [_job(f"job-{i:016x}", "bulk") for i in range(1001)])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    bad = error_details_pb2.BadRequest()
+    status = rpc_status.from_call(err.value)
+    assert status is not None and status.details[0].Unpack(bad)
+    assert [v.field for v in bad.field_violations] == ["requests"]
+    assert await api.db.fetchval("SELECT count(*) FROM jobs") == 0
+    assert len(await _admit_batch(api, [_job(f"job-{i:016x}", "bulk")
+                                        for i in range(1000)])) == 1000

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -17,9 +18,9 @@ from kestrel.errors import FailedPrecondition, NotFound
 from kestrel.jobs import JobRow
 from kestrel.v1 import common_pb2
 from kestrel.workloads import EventType
-from services.admission.core import Admission
+from services.admission.core import Admission, Outcome, Submission
 from services.admission.domain import Decision, JobAsk, JobState, Policy, Verdict
-from services.admission.store import Snapshot
+from services.admission.store import NewJob, Snapshot
 
 PRICE = Decimal("0.001")  # per GPU-second: a 1-GPU, 100 s job reserves 0.1
 SPEC = common_pb2.JobSpec(name="train", gpus=1, flavor="gpu-h100",
@@ -59,18 +60,32 @@ class Store:
             if self.holds.pop(j, None) is not None:
                 self.released.append(j)
 
-    async def find_by_key(self, tenant: str, key: str) -> JobRow | None:
-        return next((r for r in self.jobs.values()
-                     if r.tenant == tenant and r.idempotency_key == key), None)
+    async def find_by_keys(self, tenant: str, keys: Sequence[str]) -> dict[str, JobRow]:
+        return {r.idempotency_key: r for r in self.jobs.values()
+                if r.tenant == tenant and r.idempotency_key and r.idempotency_key in keys}
 
     async def get(self, job_id: str) -> JobRow | None:
         return self.jobs.get(job_id)
 
-    async def insert(self, ask: JobAsk, name: str, spec: bytes, key: str, d: Decision,
-                     now_us: int) -> JobRow | None:
+    async def get_many(self, job_ids: Sequence[str]) -> dict[str, JobRow]:
+        return {j: self.jobs[j] for j in job_ids if j in self.jobs}
+
+    async def insert(self, tenant: str, jobs: Sequence[NewJob], now_us: int
+                     ) -> dict[str, JobRow]:
         if self.interleave:
             await asyncio.sleep(0)
-        if ask.job_id in self.jobs or (key and await self.find_by_key(ask.tenant, key)):
+        stored = {}
+        for j in jobs:
+            row = self._insert_one(j.ask, j.spec, j.key, j.decision, now_us)
+            if row is not None:
+                stored[row.job_id] = row
+        return stored
+
+    def _insert_one(self, ask: JobAsk, spec: bytes, key: str, d: Decision,
+                    now_us: int) -> JobRow | None:
+        if ask.job_id in self.jobs or (key and any(
+                r.tenant == ask.tenant and r.idempotency_key == key
+                for r in self.jobs.values())):
             return None
         state = {Verdict.ADMITTED: JobState.ADMITTED, Verdict.HELD: JobState.HELD,
                  Verdict.REJECTED: JobState.REJECTED}[d.verdict]
@@ -162,6 +177,118 @@ async def test_an_unknown_tenant_is_not_found_and_nothing_is_stored() -> None:
     with pytest.raises(NotFound):
         await a.admit(ask("j1", tenant="ghost"), "n", SPEC, "")
     assert told == []
+
+
+def sub(job_id: str, tenant: str = "acme", key: str = "", priority: int = 0) -> Submission:
+    return Submission(ask(job_id, tenant, priority), "n", SPEC, key)
+
+
+async def test_a_batch_is_decided_in_order_each_seeing_the_holds_before_it() -> None:
+    store = Store(credits={"acme": Decimal("0.25")})
+    a, told = admission(store)
+    outs = await a.admit_many([sub("j1"), sub("j2"), sub("j3"), sub("j4", priority=9)])
+    assert [o.decision.verdict.name for o in outs if isinstance(o, Outcome)] == [
+        "ADMITTED", "ADMITTED", "HELD", "HELD"]
+    # Budgets after each decision, as single submits would have reported them.
+    assert [o.budget.remaining for o in outs if isinstance(o, Outcome)] == [Decimal(x) for x in [
+        "0.15", "0.05", "0.05", "0.05"]]
+    assert [(j, s.name) for j, _, s in told] == [
+        ("j1", "ADMITTED"), ("j2", "ADMITTED"), ("j3", "HELD"), ("j4", "HELD")]
+    assert list(store.jobs) == ["j1", "j2", "j3", "j4"]
+
+
+async def test_a_batch_takes_one_snapshot_and_one_insert_per_tenant() -> None:
+    store = Store(credits={"acme": Decimal(1), "beta": Decimal(1)})
+    a, _ = admission(store)
+    snaps: list[str] = []
+    inserts: list[list[str]] = []
+    snapshot, insert = store.snapshot, store.insert
+
+    async def counted_snapshot(tenant: str, *args: Any) -> Snapshot:
+        snaps.append(tenant)
+        return await snapshot(tenant, *args)
+
+    async def counted_insert(tenant: str, jobs: Sequence[NewJob], now_us: int
+                             ) -> dict[str, JobRow]:
+        inserts.append([j.ask.job_id for j in jobs])
+        return await insert(tenant, jobs, now_us)
+
+    store.snapshot, store.insert = counted_snapshot, counted_insert  # type: ignore[method-assign,assignment]
+    await a.admit_many([sub("a1"), sub("b1", "beta"), sub("a2"), sub("b2", "beta"), sub("a3")])
+    assert sorted(snaps) == ["acme", "beta"]
+    assert sorted(inserts) == [["a1", "a2", "a3"], ["b1", "b2"]]
+
+
+async def test_one_tenants_failure_in_a_batch_is_its_jobs_alone() -> None:
+    store = Store(credits={"acme": Decimal(1)})
+    a, told = admission(store)
+    outs = await a.admit_many([sub("g1", "ghost"), sub("j1"), sub("g2", "ghost")])
+    assert [type(o).__name__ for o in outs] == ["NotFound", "Outcome", "NotFound"]
+    assert told == [("j1", None, JobState.ADMITTED)] and list(store.jobs) == ["j1"]
+
+
+async def test_a_store_that_fails_fails_that_tenants_jobs_and_announces_nothing() -> None:
+    store = Store(credits={"acme": Decimal(1), "beta": Decimal(1)})
+    a, told = admission(store)
+    insert = store.insert
+
+    async def failing(tenant: str, jobs: Sequence[NewJob], now_us: int) -> dict[str, JobRow]:
+        if tenant == "beta":
+            raise ConnectionError("postgres away")
+        return await insert(tenant, jobs, now_us)
+
+    store.insert = failing  # type: ignore[method-assign]
+    outs = await a.admit_many([sub("b1", "beta"), sub("a1")])
+    assert isinstance(outs[0], ConnectionError) and isinstance(outs[1], Outcome)
+    assert told == [("a1", None, JobState.ADMITTED)]
+    assert "b1" not in a.book("beta").holds
+
+
+async def test_a_key_twice_in_a_batch_stores_one_job_and_announces_it_once() -> None:
+    store = Store(credits={"acme": Decimal(1)})
+    a, told = admission(store)
+    await a.admit(ask("j0"), "n", SPEC, "earlier")
+    outs = await a.admit_many([sub("j1", key="k"), sub("j2", key="k"),
+                               sub("j3", key="earlier")])
+    assert [(o.job.job_id, o.duplicate) for o in outs if isinstance(o, Outcome)] == [
+        ("j1", False), ("j1", True), ("j0", True)]
+    assert [j for j, _, _ in told] == ["j0", "j1"] and sorted(store.jobs) == ["j0", "j1"]
+    assert sum(store.holds.values()) == Decimal("0.2")
+
+
+async def test_a_job_id_twice_in_a_batch_is_the_first_job_or_taken_under_a_new_key() -> None:
+    store = Store(credits={"acme": Decimal(1)})
+    a, told = admission(store)
+    outs = await a.admit_many([sub("j1"), sub("j1"), sub("j1", key="k")])
+    assert isinstance(outs[0], Outcome) and not outs[0].duplicate
+    assert isinstance(outs[1], Outcome) and outs[1].duplicate and outs[1].job.job_id == "j1"
+    assert isinstance(outs[2], FailedPrecondition)
+    assert len(told) == 1 and sum(store.holds.values()) == Decimal("0.1")
+
+
+async def test_a_job_id_taken_by_another_tenant_fails_only_that_job() -> None:
+    store = Store(credits={"acme": Decimal(1), "beta": Decimal(1)})
+    a, _ = admission(store)
+    await a.admit(ask("j1", "beta"), "n", SPEC, "")
+    outs = await a.admit_many([sub("j1"), sub("j2")])
+    assert isinstance(outs[0], FailedPrecondition)
+    assert isinstance(outs[1], Outcome) and outs[1].job.job_id == "j2"
+    assert set(a.book("acme").holds) == {"j2"}  # the failed one holds nothing
+
+
+async def test_a_failed_lookup_of_a_collided_job_keeps_the_holds_stored_beside_it() -> None:
+    store = Store(credits={"acme": Decimal(1)})
+    a, told = admission(store)
+    await a.admit(ask("j1"), "n", SPEC, "")
+
+    async def away(job_ids: Sequence[str]) -> dict[str, JobRow]:
+        raise ConnectionError("postgres away")
+
+    store.get_many = away  # type: ignore[method-assign]
+    outs = await a.admit_many([sub("j1"), sub("j2")])
+    assert isinstance(outs[0], ConnectionError) and isinstance(outs[1], Outcome)
+    assert set(a.book("acme").holds) == {"j1", "j2"}  # j2 is committed: the book holds it
+    assert [j for j, _, _ in told] == ["j1", "j2"]
 
 
 async def test_a_hold_the_meter_closed_is_spent_and_its_final_cost_counts_instead() -> None:
