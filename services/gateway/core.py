@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import grpc
 
+from kestrel.batching import Batcher
 from kestrel.errors import AlreadyExists, NotFound
 from kestrel.jobs import JobRow
 from kestrel.v1 import (
@@ -36,11 +37,20 @@ from kestrel.v1 import (
     placer_pb2_grpc,
 )
 from services.gateway.store import GatewayStore, Profile
-from services.gateway.upstream import call
+from services.gateway.upstream import call, item_failure
 
 log = logging.getLogger("kestrel.gateway")
 
 FLAVORS_CACHE_S = 10.0
+# Submits go to admission in batches of those that arrived while earlier batches were
+# out (kestrel.batching). make bench-gateway, one run each, 64 clients: with 2 batches
+# in flight 1023 submits/s and p99 71.8 ms at half that rate; 4: 961/s, 42.2 ms;
+# 8: 890/s, 37.7 ms; one call per submit: 544/s, 18.5 ms at 272/s.
+ADMIT_IN_FLIGHT = 4
+ADMIT_BATCH = 128
+# Well inside what admission accepts in one call (kestrel.v1.Admission.AdmitBatch):
+# a job's spec may be a few hundred KiB, and the answer repeats each job.
+ADMIT_BATCH_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,9 @@ class Gateway:
         self.placer = placer
         self.on_profile_changed = on_profile_changed  # the callers' cache forgets it
         self._flavors: tuple[float, set[str]] = (0.0, set())
+        self.admits: Batcher[common_pb2.Job, common_pb2.Job] = Batcher(
+            self._admit_batch, max_batch=ADMIT_BATCH, max_in_flight=ADMIT_IN_FLIGHT,
+            size=lambda job: job.ByteSize(), max_bytes=ADMIT_BATCH_BYTES)
 
     async def flavor_names(self) -> set[str]:
         at, names = self._flavors
@@ -139,9 +152,17 @@ class Gateway:
     # --- jobs ----------------------------------------------------------------
 
     async def submit(self, job: common_pb2.Job, timeout_s: float) -> common_pb2.Job:
-        resp: admission_pb2.AdmitResponse = await call(self.admission.Admit(
-            admission_pb2.AdmitRequest(job=job), timeout=timeout_s))
-        return resp.job
+        """Admission's decision on `job`, sent with the other submits waiting."""
+        return await self.admits.call(job, timeout_s)
+
+    async def _admit_batch(self, jobs: list[common_pb2.Job], timeout_s: float
+                           ) -> list[common_pb2.Job | Exception]:
+        resp: admission_pb2.AdmitBatchResponse = await call(self.admission.AdmitBatch(
+            admission_pb2.AdmitBatchRequest(
+                requests=[admission_pb2.AdmitRequest(job=j) for j in jobs]),
+            timeout=timeout_s))
+        return [r.response.job if r.WhichOneof("result") == "response"
+                else item_failure(r.error) for r in resp.results]
 
     async def job(self, tenant: str, job_id: str) -> JobRow:
         row = await self.store.job(tenant, job_id)

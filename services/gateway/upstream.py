@@ -27,23 +27,40 @@ def _rich_status(err: grpc.aio.AioRpcError) -> status_pb2.Status | None:
         return None
 
 
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
 def downstream(err: grpc.aio.AioRpcError) -> KestrelError:
-    """A failure of another Kestrel service, as this service reports it.
+    """A failure of another Kestrel service, as this service reports it."""
+    return failure(err.code(), err.details() or "", _rich_status(err))
+
+
+def failure(code: grpc.StatusCode, message: str, rich: status_pb2.Status | None
+            ) -> KestrelError:
+    """A backend's failure (a call's, or one item's of a batch call) as ours.
 
     Input a backend rejects is the caller's: INVALID_ARGUMENT passes through with the
     backend's field violations. A backend that is away or saturated is UNAVAILABLE with
     RetryInfo (the backend's delay where it gave one)."""
-    code = err.code()
-    rich = _rich_status(err)
     violations, retry_after = details_of(rich) if rich is not None else ([], None)
     if code == grpc.StatusCode.NOT_FOUND:
-        return NotFound(err.details() or "not found")
+        return NotFound(message or "not found")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidArgument(violations, message=err.details() or "rejected by a backend")
+        return InvalidArgument(violations, message=message or "rejected by a backend")
     if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return FailedPrecondition(err.details() or "rejected by a backend")
+        return FailedPrecondition(message or "rejected by a backend")
     return Unavailable(f"a backend is unavailable ({code.name}); retry",
                        retry_after_s=retry_after if retry_after is not None else 1.0)
+
+
+def item_failure(serialized: bytes) -> KestrelError:
+    """One item's failure in a batch call: a google.rpc.Status, serialized."""
+    try:
+        status = status_pb2.Status.FromString(serialized)
+    except Exception:  # DecodeError: a failure all the same, of unknown kind
+        return failure(grpc.StatusCode.UNKNOWN, "", None)
+    code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
+    return failure(code, status.message, status)
 
 
 async def call(coro: Any) -> Any:

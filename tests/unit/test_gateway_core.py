@@ -4,6 +4,7 @@ behind small fakes (the real ones are exercised by the integration tier)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, cast
@@ -11,7 +12,14 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from kestrel.errors import AlreadyExists, NotFound, Unavailable
+from kestrel.errors import (
+    AlreadyExists,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    to_status,
+)
 from kestrel.jobs import JobRow, JobState
 from kestrel.v1 import admission_pb2, common_pb2, meter_pb2, placer_pb2
 from services.gateway.core import Gateway, ProfileChange, changed
@@ -59,6 +67,7 @@ class Stubs:
 
     calls: list[str] = field(default_factory=list)
     fail: set[str] = field(default_factory=set)
+    refuse: dict[str, Exception] = field(default_factory=dict)  # AdmitBatch, per job id
 
     def __getattr__(self, method: str) -> Any:
         async def rpc(request: Any, **_: Any) -> Any:  # timeout=
@@ -69,6 +78,13 @@ class Stubs:
                 return meter_pb2.CreateAccountResponse(
                     runway=common_pb2.Runway(tenant=request.tenant,
                                              credits=request.initial_credits))
+            if method == "AdmitBatch":
+                return admission_pb2.AdmitBatchResponse(results=[
+                    admission_pb2.AdmitResult(error=to_status(self.refuse[r.job.job_id])
+                                              .SerializeToString())
+                    if r.job.job_id in self.refuse else
+                    admission_pb2.AdmitResult(response=admission_pb2.AdmitResponse(job=r.job))
+                    for r in request.requests])
             if method in ("Admit", "Release"):
                 job = common_pb2.Job(job_id=getattr(request, "job_id", "") or request.job.job_id)
                 return (admission_pb2.AdmitResponse(job=job) if method == "Admit"
@@ -227,3 +243,30 @@ async def test_flavor_names_are_read_once_for_a_while() -> None:
     core, _ = gateway(store, Stubs())
     assert await core.flavor_names() == await core.flavor_names() == {"gpu-h100", "gpu-a10"}
     assert reads == 1
+
+
+async def test_submits_arriving_together_reach_admission_in_one_call_each_with_its_answer(
+        ) -> None:
+    stubs = Stubs(refuse={
+        "job-2": InvalidArgument([FieldViolation("job.spec.gpus", "must be positive")]),
+        "job-3": Unavailable("postgres away", retry_after_s=2.5)})
+    core, _ = gateway(Store(), stubs)
+    out = await asyncio.gather(
+        *(core.submit(common_pb2.Job(job_id=f"job-{i}", tenant="acme"), 5.0)
+          for i in (1, 2, 3, 4)), return_exceptions=True)
+    assert stubs.calls == ["AdmitBatch"]
+    assert [getattr(o, "job_id", None) for o in out] == ["job-1", None, None, "job-4"]
+    bad, away = out[1], out[2]
+    assert isinstance(bad, InvalidArgument)
+    assert bad.violations == [FieldViolation("job.spec.gpus", "must be positive")]
+    assert isinstance(away, Unavailable) and away.retry_after_s == 2.5
+
+
+async def test_an_admission_that_is_away_fails_each_submit_it_carried_as_unavailable(
+        ) -> None:
+    stubs = Stubs(fail={"AdmitBatch"})
+    core, _ = gateway(Store(), stubs)
+    out = await asyncio.gather(
+        *(core.submit(common_pb2.Job(job_id=f"job-{i}", tenant="acme"), 5.0)
+          for i in (1, 2)), return_exceptions=True)
+    assert [type(o) for o in out] == [Unavailable, Unavailable]
