@@ -5,8 +5,8 @@ under load, most of that is per call rather than per job. A `Batcher` sends an i
 once when nothing is waiting (no added latency alone), and otherwise sends, as soon as
 one of its `max_in_flight` batches comes back, everything that arrived meanwhile, up to
 `max_batch` items and `max_bytes` of them (an item larger than that goes alone): the
-group commit of databases, applied to a call. How large batches
-get follows the load by itself; there is no timer to tune.
+group commit of databases, applied to a call. How large batches get follows the load
+by itself; there is no timer to tune.
 
 Each caller gets its own item's result or exception. A caller that goes away (its RPC
 cancelled) before its item left takes the item out; once sent, the item is decided all

@@ -43,9 +43,9 @@ log = logging.getLogger("kestrel.gateway")
 
 FLAVORS_CACHE_S = 10.0
 # Submits go to admission in batches of those that arrived while earlier batches were
-# out (kestrel.batching). make bench-gateway, one run each, 64 clients: with 2 batches
-# in flight 1023 submits/s and p99 71.8 ms at half that rate; 4: 961/s, 42.2 ms;
-# 8: 890/s, 37.7 ms; one call per submit: 544/s, 18.5 ms at 272/s.
+# out (kestrel.batching). make bench-gateway, 64 clients (README, Benchmarks): one call
+# per submit 544 submits/s, ratio 0.17; 1 or 2 batches in flight 0.28-0.32, p99 at half
+# load 55-75 ms; 4 in flight 0.25-0.28, p99 39-63 ms (five runs); 8: 0.21-0.26.
 ADMIT_IN_FLIGHT = 4
 ADMIT_BATCH = 128
 # Well inside what admission accepts in one call (kestrel.v1.Admission.AdmitBatch):
