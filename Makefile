@@ -16,8 +16,9 @@ help: ## This list
 setup: ## Install everything (Debian packages, .venv, buf); idempotent
 	@scripts/setup.sh
 
-proto: setup ## Regenerate kestrel/v1 stubs from proto/
+proto: setup ## Regenerate kestrel/v1 stubs and the console's TypeScript clients from proto/
 	scripts/gen_proto.sh
+	$(MAKE) console-gen
 
 proto-check: setup ## Fail if the committed stubs are not what proto/ generates
 	@tmp=$$(mktemp -d); scripts/gen_proto.sh $$tmp && \
@@ -34,7 +35,7 @@ buf-breaking: setup ## Compare proto/ with main (skipped while main has no proto
 	  echo "buf-breaking: no breaking change against main"; \
 	else echo "buf-breaking: main has no protos yet, skipped"; fi
 
-lint: setup proto-check buf-lint buf-breaking prom-lint compose-check ## ruff, mypy, buf lint, buf breaking, fresh stubs, alert rules, docker-compose.yml
+lint: setup proto-check console-check buf-lint buf-breaking prom-lint compose-check ## ruff, mypy, buf lint, buf breaking, fresh stubs, alert rules, docker-compose.yml
 	$(PY) -m ruff check kestrel services tests bench
 	$(PY) -m mypy kestrel services tests bench
 

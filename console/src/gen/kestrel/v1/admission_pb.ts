@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file kestrel/v1/admission.proto.
  */
 export const file_kestrel_v1_admission: GenFile = /*@__PURE__*/
-  fileDesc("ChprZXN0cmVsL3YxL2FkbWlzc2lvbi5wcm90bxIKa2VzdHJlbC52MSIsCgxBZG1pdFJlcXVlc3QSHAoDam9iGAEgASgLMg8ua2VzdHJlbC52MS5Kb2IisgEKDUFkbWl0UmVzcG9uc2USJgoIZGVjaXNpb24YASABKA4yFC5rZXN0cmVsLnYxLkRlY2lzaW9uEg4KBnJlYXNvbhgCIAEoCRIQCghyZXNlcnZlZBgDIAEoCRIVCg1wcmljZWRfZmxhdm9yGAQgASgJEiIKBnJ1bndheRgFIAEoCzISLmtlc3RyZWwudjEuUnVud2F5EhwKA2pvYhgGIAEoCzIPLmtlc3RyZWwudjEuSm9iIkAKDlJlbGVhc2VSZXF1ZXN0Eg4KBnRlbmFudBgBIAEoCRIOCgZqb2JfaWQYAiABKAkSDgoGcmVhc29uGAMgASgJIkEKD1JlbGVhc2VSZXNwb25zZRIQCghyZWxlYXNlZBgBIAEoCBIcCgNqb2IYAiABKAsyDy5rZXN0cmVsLnYxLkpvYiIhCg9MaXN0SGVsZFJlcXVlc3QSDgoGdGVuYW50GAEgASgJIjEKEExpc3RIZWxkUmVzcG9uc2USHQoEam9icxgBIAMoCzIPLmtlc3RyZWwudjEuSm9iKmUKCERlY2lzaW9uEhgKFERFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASFQoRREVDSVNJT05fQURNSVRURUQQARIRCg1ERUNJU0lPTl9IRUxEEAISFQoRREVDSVNJT05fUkVKRUNURUQQAzLUAQoJQWRtaXNzaW9uEjwKBUFkbWl0Ehgua2VzdHJlbC52MS5BZG1pdFJlcXVlc3QaGS5rZXN0cmVsLnYxLkFkbWl0UmVzcG9uc2USQgoHUmVsZWFzZRIaLmtlc3RyZWwudjEuUmVsZWFzZVJlcXVlc3QaGy5rZXN0cmVsLnYxLlJlbGVhc2VSZXNwb25zZRJFCghMaXN0SGVsZBIbLmtlc3RyZWwudjEuTGlzdEhlbGRSZXF1ZXN0Ghwua2VzdHJlbC52MS5MaXN0SGVsZFJlc3BvbnNlYgZwcm90bzM", [file_kestrel_v1_common]);
+  fileDesc("ChprZXN0cmVsL3YxL2FkbWlzc2lvbi5wcm90bxIKa2VzdHJlbC52MSIsCgxBZG1pdFJlcXVlc3QSHAoDam9iGAEgASgLMg8ua2VzdHJlbC52MS5Kb2IisgEKDUFkbWl0UmVzcG9uc2USJgoIZGVjaXNpb24YASABKA4yFC5rZXN0cmVsLnYxLkRlY2lzaW9uEg4KBnJlYXNvbhgCIAEoCRIQCghyZXNlcnZlZBgDIAEoCRIVCg1wcmljZWRfZmxhdm9yGAQgASgJEiIKBnJ1bndheRgFIAEoCzISLmtlc3RyZWwudjEuUnVud2F5EhwKA2pvYhgGIAEoCzIPLmtlc3RyZWwudjEuSm9iIj8KEUFkbWl0QmF0Y2hSZXF1ZXN0EioKCHJlcXVlc3RzGAEgAygLMhgua2VzdHJlbC52MS5BZG1pdFJlcXVlc3QiPgoSQWRtaXRCYXRjaFJlc3BvbnNlEigKB3Jlc3VsdHMYASADKAsyFy5rZXN0cmVsLnYxLkFkbWl0UmVzdWx0IlcKC0FkbWl0UmVzdWx0Ei0KCHJlc3BvbnNlGAEgASgLMhkua2VzdHJlbC52MS5BZG1pdFJlc3BvbnNlSAASDwoFZXJyb3IYAiABKAxIAEIICgZyZXN1bHQiQAoOUmVsZWFzZVJlcXVlc3QSDgoGdGVuYW50GAEgASgJEg4KBmpvYl9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiQQoPUmVsZWFzZVJlc3BvbnNlEhAKCHJlbGVhc2VkGAEgASgIEhwKA2pvYhgCIAEoCzIPLmtlc3RyZWwudjEuSm9iIiEKD0xpc3RIZWxkUmVxdWVzdBIOCgZ0ZW5hbnQYASABKAkiMQoQTGlzdEhlbGRSZXNwb25zZRIdCgRqb2JzGAEgAygLMg8ua2VzdHJlbC52MS5Kb2IqZQoIRGVjaXNpb24SGAoUREVDSVNJT05fVU5TUEVDSUZJRUQQABIVChFERUNJU0lPTl9BRE1JVFRFRBABEhEKDURFQ0lTSU9OX0hFTEQQAhIVChFERUNJU0lPTl9SRUpFQ1RFRBADMqECCglBZG1pc3Npb24SPAoFQWRtaXQSGC5rZXN0cmVsLnYxLkFkbWl0UmVxdWVzdBoZLmtlc3RyZWwudjEuQWRtaXRSZXNwb25zZRJLCgpBZG1pdEJhdGNoEh0ua2VzdHJlbC52MS5BZG1pdEJhdGNoUmVxdWVzdBoeLmtlc3RyZWwudjEuQWRtaXRCYXRjaFJlc3BvbnNlEkIKB1JlbGVhc2USGi5rZXN0cmVsLnYxLlJlbGVhc2VSZXF1ZXN0Ghsua2VzdHJlbC52MS5SZWxlYXNlUmVzcG9uc2USRQoITGlzdEhlbGQSGy5rZXN0cmVsLnYxLkxpc3RIZWxkUmVxdWVzdBocLmtlc3RyZWwudjEuTGlzdEhlbGRSZXNwb25zZWIGcHJvdG8z", [file_kestrel_v1_common]);
 
 /**
  * @generated from message kestrel.v1.AdmitRequest
@@ -80,6 +80,74 @@ export const AdmitResponseSchema: GenMessage<AdmitResponse> = /*@__PURE__*/
   messageDesc(file_kestrel_v1_admission, 1);
 
 /**
+ * @generated from message kestrel.v1.AdmitBatchRequest
+ */
+export type AdmitBatchRequest = Message<"kestrel.v1.AdmitBatchRequest"> & {
+  /**
+   * @generated from field: repeated kestrel.v1.AdmitRequest requests = 1;
+   */
+  requests: AdmitRequest[];
+};
+
+/**
+ * Describes the message kestrel.v1.AdmitBatchRequest.
+ * Use `create(AdmitBatchRequestSchema)` to create a new message.
+ */
+export const AdmitBatchRequestSchema: GenMessage<AdmitBatchRequest> = /*@__PURE__*/
+  messageDesc(file_kestrel_v1_admission, 2);
+
+/**
+ * @generated from message kestrel.v1.AdmitBatchResponse
+ */
+export type AdmitBatchResponse = Message<"kestrel.v1.AdmitBatchResponse"> & {
+  /**
+   * One per request, in the same order.
+   *
+   * @generated from field: repeated kestrel.v1.AdmitResult results = 1;
+   */
+  results: AdmitResult[];
+};
+
+/**
+ * Describes the message kestrel.v1.AdmitBatchResponse.
+ * Use `create(AdmitBatchResponseSchema)` to create a new message.
+ */
+export const AdmitBatchResponseSchema: GenMessage<AdmitBatchResponse> = /*@__PURE__*/
+  messageDesc(file_kestrel_v1_admission, 3);
+
+/**
+ * @generated from message kestrel.v1.AdmitResult
+ */
+export type AdmitResult = Message<"kestrel.v1.AdmitResult"> & {
+  /**
+   * @generated from oneof kestrel.v1.AdmitResult.result
+   */
+  result: {
+    /**
+     * @generated from field: kestrel.v1.AdmitResponse response = 1;
+     */
+    value: AdmitResponse;
+    case: "response";
+  } | {
+    /**
+     * What Admit would have failed with: a google.rpc.Status (code, message,
+     * details such as BadRequest and RetryInfo), serialized.
+     *
+     * @generated from field: bytes error = 2;
+     */
+    value: Uint8Array;
+    case: "error";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message kestrel.v1.AdmitResult.
+ * Use `create(AdmitResultSchema)` to create a new message.
+ */
+export const AdmitResultSchema: GenMessage<AdmitResult> = /*@__PURE__*/
+  messageDesc(file_kestrel_v1_admission, 4);
+
+/**
  * @generated from message kestrel.v1.ReleaseRequest
  */
 export type ReleaseRequest = Message<"kestrel.v1.ReleaseRequest"> & {
@@ -104,7 +172,7 @@ export type ReleaseRequest = Message<"kestrel.v1.ReleaseRequest"> & {
  * Use `create(ReleaseRequestSchema)` to create a new message.
  */
 export const ReleaseRequestSchema: GenMessage<ReleaseRequest> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_admission, 2);
+  messageDesc(file_kestrel_v1_admission, 5);
 
 /**
  * @generated from message kestrel.v1.ReleaseResponse
@@ -126,7 +194,7 @@ export type ReleaseResponse = Message<"kestrel.v1.ReleaseResponse"> & {
  * Use `create(ReleaseResponseSchema)` to create a new message.
  */
 export const ReleaseResponseSchema: GenMessage<ReleaseResponse> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_admission, 3);
+  messageDesc(file_kestrel_v1_admission, 6);
 
 /**
  * @generated from message kestrel.v1.ListHeldRequest
@@ -143,7 +211,7 @@ export type ListHeldRequest = Message<"kestrel.v1.ListHeldRequest"> & {
  * Use `create(ListHeldRequestSchema)` to create a new message.
  */
 export const ListHeldRequestSchema: GenMessage<ListHeldRequest> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_admission, 4);
+  messageDesc(file_kestrel_v1_admission, 7);
 
 /**
  * @generated from message kestrel.v1.ListHeldResponse
@@ -160,7 +228,7 @@ export type ListHeldResponse = Message<"kestrel.v1.ListHeldResponse"> & {
  * Use `create(ListHeldResponseSchema)` to create a new message.
  */
 export const ListHeldResponseSchema: GenMessage<ListHeldResponse> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_admission, 5);
+  messageDesc(file_kestrel_v1_admission, 8);
 
 /**
  * @generated from enum kestrel.v1.Decision
@@ -209,6 +277,20 @@ export const Admission: GenService<{
     methodKind: "unary";
     input: typeof AdmitRequestSchema;
     output: typeof AdmitResponseSchema;
+  },
+  /**
+   * Decide on several jobs in one call, each exactly as Admit would. The gateway
+   * sends the submits that arrived while its previous call was in flight, so a busy
+   * gateway pays one round trip, and admission one ledger snapshot and one insert
+   * per tenant, for many jobs. Results are in request order; one job's failure does
+   * not fail the others.
+   *
+   * @generated from rpc kestrel.v1.Admission.AdmitBatch
+   */
+  admitBatch: {
+    methodKind: "unary";
+    input: typeof AdmitBatchRequestSchema;
+    output: typeof AdmitBatchResponseSchema;
   },
   /**
    * Drop a job's reservation or hold (cancel before it ran).
