@@ -51,6 +51,7 @@ from kestrel.pgroles import (
     adopt_database_sql,
     provision_roles_sql,
 )
+from kestrel.procs import as_user
 
 HOST = "127.0.0.1"
 PG_USER = "kestrel-pg"  # Postgres refuses to run as root; it gets its own system user.
@@ -182,16 +183,18 @@ def _tcp_open(port: int) -> bool:
         return True
 
 
-def _run_as_pg() -> dict[str, object]:
+def _pg_user() -> tuple[int, int] | None:
+    """Postgres' uid and gid when we are root (it refuses to run as root), made if
+    missing; None otherwise."""
     if os.geteuid() != 0:
-        return {}
+        return None
     try:
         pw = pwd.getpwnam(PG_USER)
     except KeyError:
         subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
                         PG_USER], check=True, capture_output=True)
         pw = pwd.getpwnam(PG_USER)
-    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+    return pw.pw_uid, pw.pw_gid
 
 
 @dataclass
@@ -361,19 +364,20 @@ class Stack:
 
     def _start_postgres(self, timeout_s: float) -> None:
         data = self.pg_data
-        as_pg = _run_as_pg()
+        pg_user = _pg_user()
+        as_pg = as_user(*pg_user) if pg_user else []  # an argv prefix: see kestrel.procs
         if not (data / "PG_VERSION").exists():
             for public in (PUBLIC_PG_DIR, PUBLIC_PG_DIR / "data"):
                 if data.is_relative_to(public):
                     public.mkdir(parents=True, exist_ok=True)
                     os.chmod(public, 0o755)
             data.mkdir(parents=True, exist_ok=True)
-            if as_pg:
-                os.chown(data, as_pg["user"], as_pg["group"])  # type: ignore[arg-type]
+            if pg_user:
+                os.chown(data, *pg_user)
             result = subprocess.run(
-                [str(_pg_bin("initdb")), "-D", str(data), "-U", "postgres", "--auth=trust",
-                 "--encoding=UTF8", "--no-sync"],
-                capture_output=True, text=True, **as_pg)  # type: ignore[call-overload]
+                [*as_pg, str(_pg_bin("initdb")), "-D", str(data), "-U", "postgres",
+                 "--auth=trust", "--encoding=UTF8", "--no-sync"],
+                capture_output=True, text=True)
             if result.returncode != 0:
                 raise StackError(f"initdb failed:\n{result.stdout}\n{result.stderr}")
         self.pg_port = self.pg_port or free_port()
@@ -383,8 +387,7 @@ class Stack:
         if not self.durable:
             opts += ["-c", "fsync=off", "-c", "synchronous_commit=off",
                      "-c", "full_page_writes=off"]
-        proc = self._spawn("postgres", [str(_pg_bin("postgres")), "-D", str(data), *opts],
-                           **as_pg)
+        proc = self._spawn("postgres", [*as_pg, str(_pg_bin("postgres")), "-D", str(data), *opts])
         log = self.root / "postgres.log"
 
         def ready() -> bool:

@@ -9,29 +9,27 @@ heartbeat says the GPU is simulated. When the pod stops running (the endpoint sh
 or was deleted, the budget was spent, Kueue evicted it) the stand-in is stopped.
 
 `wanted` decides from the pod dicts alone; `StandIns` owns the processes. A stand-in
-dies with the placer (PR_SET_PDEATHSIG), so a placer killed with -9 leaves none for its
-successor to duplicate.
+dies with the placer (PR_SET_PDEATHSIG, set by setpriv), so a placer killed with -9
+leaves none for its successor to duplicate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
-import signal
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kestrel.procs import die_with_parent
 from kestrel.workloads import ENDPOINT_LABEL, JOB_ID_LABEL, TENANT_LABEL
 from services.placer.lifecycle import GPU, Obj
 
 log = logging.getLogger("kestrel.placer.standins")
 REPO = Path(__file__).resolve().parents[2]
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -87,16 +85,12 @@ def standin_env(base: Mapping[str, str], s: StandIn, redis_url: str) -> dict[str
     return env
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 async def spawn_worker(s: StandIn, redis_url: str) -> asyncio.subprocess.Process:
+    # PDEATHSIG set by setpriv, not by a preexec_fn: that would make this a fork() of a
+    # gRPC server, which can crash the child (kestrel.procs).
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.worker", cwd=str(REPO),
-        env=standin_env(os.environ, s, redis_url), stdin=asyncio.subprocess.DEVNULL,
-        preexec_fn=_die_with_parent)
+        *die_with_parent("TERM"), sys.executable, "-m", "services.worker", cwd=str(REPO),
+        env=standin_env(os.environ, s, redis_url), stdin=asyncio.subprocess.DEVNULL)
 
 
 class StandIns:

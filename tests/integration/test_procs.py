@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -14,8 +17,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from kestrel.cluster.processes import pid_alive
 from kestrel.devstack import free_port
-from kestrel.procs import REPO, ServiceProcess
+from kestrel.procs import REPO, ServiceProcess, as_user, die_with_parent
 
 pytestmark = pytest.mark.integration
 
@@ -64,3 +68,59 @@ def test_a_service_still_waiting_for_its_database_stops_on_sigterm(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def _spawn_beside_busy_grpc(argv: list[str], n: int,
+                                  **kw: object) -> list[subprocess.CompletedProcess[str]]:
+    """Run `argv` n times while four clients call a gRPC server in this process, as in
+    any Kestrel service (and in the test runner, whose chaos test restarts Postgres)."""
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stop = asyncio.Event()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+
+        async def call() -> None:
+            while not stop.is_set():
+                await stub.Check(health_pb2.HealthCheckRequest())
+
+        clients = [asyncio.create_task(call()) for _ in range(4)]
+        try:
+            return [await asyncio.to_thread(functools.partial(
+                subprocess.run, argv, capture_output=True, text=True, **kw))
+                for _ in range(n)]
+        finally:
+            stop.set()
+            await asyncio.gather(*clients)
+            await server.stop(0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing user needs root")
+async def test_children_started_as_another_user_beside_busy_grpc_calls_all_run_as_it() -> None:
+    # Popen(user=...) forks where it would vfork, and gRPC's fork handlers crashed 49
+    # of 200 such children (SIGSEGV) beside four busy calls; the prefix crashes none.
+    nobody = pwd.getpwnam("nobody")
+    outs = await _spawn_beside_busy_grpc(
+        [*as_user(nobody.pw_uid, nobody.pw_gid), "sh", "-c", "id -u; id -G"], 100)
+    assert [o.returncode for o in outs if o.returncode != 0] == []
+    assert {o.stdout for o in outs} == {f"{nobody.pw_uid}\n{nobody.pw_gid}\n"}
+
+
+def test_a_child_started_to_die_with_its_parent_ends_when_the_parent_is_killed() -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time\n"
+         f"p = subprocess.Popen({die_with_parent('TERM')!r} + ['sleep', '120'])\n"
+         "print(p.pid, flush=True)\ntime.sleep(120)"],
+        stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    time.sleep(0.2)  # past setpriv's exec: the child is sleep itself
+    assert pid_alive(child)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while pid_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(child)

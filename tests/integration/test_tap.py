@@ -41,18 +41,17 @@ async def test_tap_prints_each_message_as_one_decoded_json_line(clean_bus: str) 
     assert second["message"]["type"] == "WORKLOAD_EVENT_TYPE_FINISHED"  # type: ignore[index]
 
 
-def _default_sigint() -> None:  # in the child: Ctrl-C as at a terminal, whatever the
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # runner of the suite ignores
-
-
 async def test_tap_stopped_with_ctrl_c_ends_quietly(clean_bus: str) -> None:
     # Its own subject, so that nothing else on the shared server fills its pipes; and
     # both pipes are read to the end while it stops (a tap blocked writing to a full
     # pipe could not see the signal).
+    # Ctrl-C as at a terminal, whatever the runner of the suite ignores (a background
+    # job's SIGINT is ignored); reset by env at exec, not by a preexec_fn, which would
+    # fork this gRPC-using process (kestrel.procs).
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kestrel.cli", "tap", "kestrel.workload.tapctl.>",
-        "--nats-url", clean_bus, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, preexec_fn=_default_sigint)
+        "env", "--default-signal=INT", sys.executable, "-m", "kestrel.cli", "tap",
+        "kestrel.workload.tapctl.>", "--nats-url", clean_bus, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
     async with asyncio.timeout(30):
         while True:  # publish until the tap is subscribed and prints
             await publish_events(clean_bus, [wev(f"c-{T0}", "tapctl", "w", 1, T0)])
