@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from nats.aio.client import Client as NATS
@@ -18,7 +19,7 @@ from nats.js.errors import NotFoundError
 
 from kestrel import bus
 from kestrel.v1 import events_pb2
-from services.placer.core import Placer
+from services.placer.core import AdmittedJob, Placer
 from services.placer.wire import admitted_from_wire
 
 log = logging.getLogger("kestrel.placer.bus")
@@ -28,25 +29,51 @@ STREAM = "KESTREL_JOBS"
 ACK_WAIT_S = 30  # a placement not acknowledged by then is delivered again
 
 
-async def _handle(js: JetStreamContext, placer: Placer, msg: Msg) -> None:
+def _job(msg: Msg) -> AdmittedJob | str:
+    """The admitted job a message carries, or why it cannot be placed."""
     try:
         job = admitted_from_wire(bus.parse(msg, events_pb2.JobAdmitted))
     except bus.Unusable as exc:
-        await bus.park_and_term(js, DURABLE, msg, f"not a JobAdmitted: {exc}", log)
-        return
+        return f"not a JobAdmitted: {exc}"
     if not job.job_id or not job.tenant or job.gpus <= 0 or job.max_duration_s <= 0:
-        await bus.park_and_term(js, DURABLE, msg, f"invalid JobAdmitted {job.job_id[:64]!r}: "
-                                "job_id and tenant are required, gpus and "
-                                "max_duration_s must be positive", log)
-        return
+        return (f"invalid JobAdmitted {job.job_id[:64]!r}: job_id and tenant are required, "
+                "gpus and max_duration_s must be positive")
+    return job
+
+
+async def _place(placer: Placer, msg: Msg, job: AdmittedJob, cancelled: bool) -> None:
     try:
-        await placer.place(job)
+        await placer.place(job, cancelled)
     except Exception as exc:
         log.warning("placing %s failed (%s); redelivery in %.1fs", job.job_id, exc,
                     bus.WORK_RETRY_S)
         await msg.nak(delay=bus.WORK_RETRY_S)
         return
     await msg.ack()
+
+
+async def handle_admitted(js: JetStreamContext, placer: Placer, msgs: list[Msg]) -> None:
+    """One fetched batch: unusable messages parked, one read of which jobs were
+    cancelled meanwhile, then every job placed concurrently (jobs are independent),
+    each acknowledged or negatively acknowledged on its own."""
+    jobs: list[tuple[Msg, AdmittedJob]] = []
+    for m in msgs:
+        job = _job(m)
+        if isinstance(job, str):
+            await bus.park_and_term(js, DURABLE, m, job, log)
+        else:
+            jobs.append((m, job))
+    if not jobs:
+        return
+    try:
+        cancelled = await placer.cancelled_before([job.job_id for _, job in jobs])
+    except Exception as exc:
+        log.warning("reading which of %d admitted jobs were cancelled failed (%s); "
+                    "redelivery in %.1fs", len(jobs), exc, bus.WORK_RETRY_S)
+        for m, _ in jobs:
+            await m.nak(delay=bus.WORK_RETRY_S)
+        return
+    await asyncio.gather(*(_place(placer, m, job, job.job_id in cancelled) for m, job in jobs))
 
 
 async def take_over_in_flight(js: JetStreamContext) -> int:
@@ -78,9 +105,6 @@ async def consume_admitted(nc: NATS, placer: Placer, stop: asyncio.Event,
     js = nc.jetstream()
     await take_over_in_flight(js)
 
-    async def handle(msgs: list[Msg]) -> None:
-        # Jobs are independent: place a batch concurrently, ack or nak each on its own.
-        await asyncio.gather(*(_handle(js, placer, m) for m in msgs))
-
     await bus.pull(nc, bus.Durable(STREAM, "kestrel.jobs.admitted.>", DURABLE, batch,
-                                   ack_wait_s=ack_wait_s), handle, stop)
+                                   ack_wait_s=ack_wait_s),
+                   functools.partial(handle_admitted, js, placer), stop)

@@ -229,10 +229,18 @@ class Placer:
         return choose_flavor(FlavorAsk(job.gpus, job.preference, job.max_duration_s), quota,
                              self.prices, self.runways.get(job.tenant), self.settings.short_bp)
 
-    async def place(self, job: AdmittedJob) -> Placement | None:
+    async def cancelled_before(self, job_ids: Sequence[str]) -> set[str]:
+        """Those of `job_ids` cancelled before their placement: through this placer, or
+        by admission while the JobAdmitted waited (one read for all of them)."""
+        return {j for j in job_ids if j in self.cancelled} | await self.store.cancelled(job_ids)
+
+    async def place(self, job: AdmittedJob, cancelled: bool | None = None) -> Placement | None:
         """Create the Job of an admitted job (idempotent) and publish its QUEUED event.
-        None when the job was cancelled before it could be placed."""
-        if job.job_id in self.cancelled or await self.store.cancelled(job.job_id):
+        None when the job was cancelled before it could be placed. `cancelled`: what
+        cancelled_before said of it for its whole batch (None: ask now)."""
+        if cancelled is None:
+            cancelled = bool(await self.cancelled_before([job.job_id]))
+        if cancelled or job.job_id in self.cancelled:
             log.info("job %s was cancelled before placement; not creating it", job.job_id)
             return None
         profile = await self.tenant_quota(job.tenant)

@@ -50,9 +50,13 @@ class PlacerStore:
         return {r["tenant"]: TenantQuota(_gpus(r["gpu_quota"]), bool(r["suspended"]),
                                          _gpus(r["gpu_borrow"])) for r in rows}
 
-    async def cancelled(self, job_id: str) -> bool:
-        """Admission cancelled the job (a JobAdmitted may still be queued for it)."""
-        if not await self.published.exists("job_status"):
-            return False
-        state = await self.pool.fetchval("SELECT state FROM job_status WHERE job_id = $1", job_id)
-        return state is not None and int(state) == int(JobState.CANCELLED)
+    async def cancelled(self, job_ids: Sequence[str]) -> set[str]:
+        """Those of `job_ids` that admission cancelled (a JobAdmitted may still be queued
+        for one). One statement for a whole fetched batch of admitted jobs: it was one
+        per job, a tenth of the plane's Postgres commits per job."""
+        if not job_ids or not await self.published.exists("job_status"):
+            return set()
+        rows = await self.pool.fetch(
+            "SELECT job_id FROM job_status WHERE job_id = ANY($1::text[]) AND state = $2",
+            list(job_ids), int(JobState.CANCELLED))
+        return {str(r["job_id"]) for r in rows}

@@ -187,7 +187,10 @@ class FakePlacer:
         self.writes += 1
         return False, 0
 
-    async def place(self, job: Any) -> None:
+    async def cancelled_before(self, job_ids: Any) -> set[str]:
+        return set()
+
+    async def place(self, job: Any, cancelled: bool | None = None) -> None:
         self.writes += 1
         self.placed.append(job.job_id)
 
