@@ -23,12 +23,13 @@ from kestrel.tls import channel as tls_channel
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Children are started with what exec does for them (an argv prefix), never with
-# Python's preexec_fn or Popen's user/group: those make subprocess fork() where it
-# would vfork(), and a fork() of a process with gRPC in use runs gRPC's child fork
-# handlers, which crash the child (grpcio 1.85: 49 of 200 such spawns died with
-# SIGSEGV beside four busy calls, none through setpriv; Postgres restarted by the chaos
-# test printed "Fatal Python error: Segmentation fault" into CI's log).
+# A child that needs another user or a parent-death signal gets it from an argv prefix
+# (setpriv, which sets it and execs the command), never from Python's preexec_fn or
+# Popen's user/group: those make subprocess fork() where it would vfork(), and a fork()
+# of a process with gRPC in use runs gRPC's child fork handlers, which crash the child
+# (grpcio 1.85: 49 of 200 such spawns died with SIGSEGV beside four busy calls, none
+# through setpriv; Postgres restarted by the chaos test printed "Fatal Python error:
+# Segmentation fault" into CI's log).
 
 
 def as_user(uid: int, gid: int) -> list[str]:

@@ -234,12 +234,11 @@ class Placer:
         by admission while the JobAdmitted waited (one read for all of them)."""
         return {j for j in job_ids if j in self.cancelled} | await self.store.cancelled(job_ids)
 
-    async def place(self, job: AdmittedJob, cancelled: bool | None = None) -> Placement | None:
+    async def place(self, job: AdmittedJob, cancelled: bool) -> Placement | None:
         """Create the Job of an admitted job (idempotent) and publish its QUEUED event.
-        None when the job was cancelled before it could be placed. `cancelled`: what
-        cancelled_before said of it for its whole batch (None: ask now)."""
-        if cancelled is None:
-            cancelled = bool(await self.cancelled_before([job.job_id]))
+        None when the job was cancelled before it could be placed: `cancelled` is what
+        cancelled_before said of it for its batch, and a Cancel through this placer
+        since then is in self.cancelled."""
         if cancelled or job.job_id in self.cancelled:
             log.info("job %s was cancelled before placement; not creating it", job.job_id)
             return None

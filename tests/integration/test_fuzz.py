@@ -190,7 +190,7 @@ class FakePlacer:
     async def cancelled_before(self, job_ids: Any) -> set[str]:
         return set()
 
-    async def place(self, job: Any, cancelled: bool | None = None) -> None:
+    async def place(self, job: Any, cancelled: bool) -> None:
         self.writes += 1
         self.placed.append(job.job_id)
 

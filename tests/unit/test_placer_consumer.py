@@ -34,7 +34,7 @@ class Placer:
         self.cancelled = cancelled
         self.failing = failing
         self.asked: list[list[str]] = []
-        self.placed: list[tuple[str, bool | None]] = []
+        self.placed: list[tuple[str, bool]] = []
 
     async def cancelled_before(self, job_ids: Sequence[str]) -> set[str]:
         self.asked.append(list(job_ids))
@@ -42,7 +42,7 @@ class Placer:
             raise self.cancelled
         return self.cancelled & set(job_ids)
 
-    async def place(self, job: AdmittedJob, cancelled: bool | None = None) -> None:
+    async def place(self, job: AdmittedJob, cancelled: bool) -> None:
         self.placed.append((job.job_id, cancelled))
         if job.job_id in self.failing:
             raise RuntimeError("apiserver away")
