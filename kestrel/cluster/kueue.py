@@ -7,8 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 from kestrel.cluster.health import kueue_pid
@@ -24,7 +22,7 @@ from kestrel.cluster.paths import (
     kueue_crd_dir,
     read_versions,
 )
-from kestrel.cluster.processes import _proc_cmdline, _run, kubectl, pid_alive, wait_until
+from kestrel.cluster.processes import _run, kubectl, pid_alive, spawn_daemon, wait_until
 
 
 def _write_kueue_config() -> Path:
@@ -122,25 +120,9 @@ def _start_kueue(progress: Progress) -> None:
     PATHS.logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["KUBECONFIG"] = str(PATHS.kubeconfig)
-    with open(PATHS.kueue_log, "ab") as log:
-        proc = subprocess.Popen(
-            [str(bins["kueue"]), f"--config={config}", "--zap-log-level=info"],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=str(PATHS.kueue_dir),
-            start_new_session=True,
-        )
+    proc = spawn_daemon([str(bins["kueue"]), f"--config={config}", "--zap-log-level=info"],
+                        PATHS.kueue_log, cwd=PATHS.kueue_dir, env=env)
     PATHS.kueue_pidfile.write_text(f"{proc.pid}\n")
-    # Until the child has exec'd, /proc/<pid>/cmdline still shows this (Python) process
-    # and kueue_pid() would call Kueue dead: wait for the exec (or the exit).
-    deadline = time.monotonic() + 10
-    while proc.poll() is None and time.monotonic() < deadline:
-        cmd = _proc_cmdline(proc.pid)
-        if cmd and "kueue" in Path(cmd[0]).name:
-            break
-        time.sleep(0.01)
     progress(f"  kueue manager started (pid {proc.pid}), log {PATHS.kueue_log}")
 
 
