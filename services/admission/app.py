@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from kestrel import bus, runway
 from kestrel.clock import now_us
 from kestrel.cluster.paths import PATHS as CLUSTER_PATHS
-from kestrel.config import Endpoints, env_int, env_str
+from kestrel.config import Endpoints, env_float, env_int, env_str
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.jobs import JobRow
@@ -42,6 +42,7 @@ class AdmissionConfig:
     max_node_gpus: int
     kubeconfig: str
     runway_check: str
+    gather_s: float  # how long a fetch of workload events waits for company
 
     @classmethod
     def from_env(cls) -> AdmissionConfig:
@@ -50,7 +51,8 @@ class AdmissionConfig:
                    env_int("KESTREL_ADMISSION_METRICS_PORT", 9152),
                    env_int("KESTREL_MAX_NODE_GPUS", 8),
                    env_str("KESTREL_KUBECONFIG", str(CLUSTER_PATHS.kubeconfig)),
-                   env_str("KESTREL_RUNWAY_CHECK", "kestrel-runway"))
+                   env_str("KESTREL_RUNWAY_CHECK", "kestrel-runway"),
+                   env_float("KESTREL_ADMISSION_GATHER_S", 0.05))
 
 
 async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
@@ -123,7 +125,8 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
     runways = Runways()
     runways.listen(on_runway(reeval, controller.heard if controller is not None else None))
     tasks = [asyncio.create_task(runway.follow(js, runways, stop), name="runway"),
-             asyncio.create_task(follow_workloads(nc, admission, reeval, stop)),
+             asyncio.create_task(follow_workloads(nc, admission, reeval, stop,
+                                                  config.gather_s)),
              asyncio.create_task(every(10, stop, refresh_prices, "refreshing prices failed",
                                        log)),
              asyncio.create_task(every(5, stop, sweep_held, "sweeping held jobs failed", log)),

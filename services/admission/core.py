@@ -15,6 +15,7 @@ whole: never optimistic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from services.admission.domain import (
     releasable,
 )
 from services.admission.runway_check import Money
-from services.admission.store import AdmissionStore, NewJob, Snapshot
+from services.admission.store import AdmissionStore, NewJob, Snapshot, Transition
 
 log = logging.getLogger("kestrel.admission")
 
@@ -50,6 +51,46 @@ _STATE_OF: dict[int, JobState] = {
     EventType.CANCELLED: JobState.CANCELLED, EventType.QUEUED: JobState.QUEUED}
 
 _KNOWN_EVENTS = frozenset(int(e) for e in EventType)
+
+
+@dataclass(frozen=True)
+class WorkloadChange:
+    """One of the placer's WorkloadEvents, as admission follows it."""
+
+    tenant: str
+    job_id: str
+    kind: int  # kestrel.v1.WorkloadEventType (a newer placer's may be unknown here)
+    time_us: int
+    reason: str
+    flavor: str = ""
+
+
+def transition_of(c: WorkloadChange) -> Transition | None:
+    """The move an event asks of its job, None when it asks none (STARTED, unknown)."""
+    target = _STATE_OF.get(c.kind)
+    if c.kind not in _KNOWN_EVENTS or target is None:
+        return None
+    live = (JobState.ADMITTED, JobState.QUEUED, JobState.RUNNING)
+    allowed = {JobState.RUNNING: (JobState.ADMITTED, JobState.QUEUED),
+               JobState.QUEUED: (JobState.ADMITTED,)}.get(target, live)
+    return Transition(c.job_id, target, c.reason or target.name.lower(), allowed,
+                      started_us=c.time_us if target is JobState.RUNNING else 0,
+                      flavor=c.flavor if target is JobState.QUEUED else "",
+                      flavor_reason=c.reason if target is JobState.QUEUED else "")
+
+
+def waves(changes: Sequence[WorkloadChange]) -> list[list[int]]:
+    """Indexes of `changes` in waves: a job's n-th change in wave n, in batch order."""
+    seen: dict[str, int] = {}
+    out: list[list[int]] = []
+    for i, c in enumerate(changes):
+        n = seen.get(c.job_id, 0)
+        seen[c.job_id] = n + 1
+        if n == len(out):
+            out.append([])
+        out[n].append(i)
+    return out
+
 
 # (row, previous state or None for a new job, whether it was just admitted)
 Publisher = Callable[[JobRow, JobState | None], Awaitable[None]]
@@ -372,33 +413,51 @@ class Admission:
 
     async def workload_event(self, tenant: str, job_id: str, kind: int, time_us: int,
                              reason: str, flavor: str = "") -> JobRow | None:
-        """Follow a job through Kubernetes (events from the placer)."""
-        b = self.book(tenant)
-        live = [JobState.ADMITTED, JobState.QUEUED, JobState.RUNNING]
-        target = _STATE_OF.get(kind)
-        if kind not in _KNOWN_EVENTS:  # a newer placer's event type: nothing to follow
-            return None
-        async with b.lock:
-            if not EventType(kind).informational:
-                # Only Kueue's admission (or a close) means the meter may hold an
-                # allocation for it. A QUEUED job has none: cancelled, it never will, so
-                # cancel() releases its hold itself.
-                b.start(job_id)
-            if target is None:
-                return None
-            allowed = {JobState.RUNNING: [JobState.ADMITTED, JobState.QUEUED],
-                       JobState.QUEUED: [JobState.ADMITTED]}.get(target, live)
-            moved = await self.store.transition(
-                job_id, target, reason or target.name.lower(), self.clock(), allowed_from=allowed,
-                started_us=time_us if target is JobState.RUNNING else 0,
-                flavor=(flavor, reason) if target is JobState.QUEUED else None)
-            if moved is None:
-                if target is JobState.QUEUED and flavor:
-                    # Placed but not moved (a HELD job waits at the runway check): the
-                    # placer's choice is recorded all the same. A moved job got it with
-                    # its transition.
-                    await self.store.set_flavor(job_id, flavor, reason)
-                return None
-            prev, row = moved
-            await self.publish(row, prev)
-            return row
+        """Follow a job through Kubernetes (one event from the placer)."""
+        change = WorkloadChange(tenant, job_id, kind, time_us, reason, flavor)
+        return (await self.workload_events([change]))[0]
+
+    async def workload_events(self, changes: Sequence[WorkloadChange]
+                              ) -> list[JobRow | None]:
+        """Follow jobs through Kubernetes: a fetched batch of the placer's events, each
+        applied as workload_event would, in order; the job each moved (None where none).
+
+        The batch goes in waves, a job at most once in each (its first event in the
+        first wave, its second in the second...), so its states still follow stream
+        order; each wave is one statement and one round of announcements, sent
+        together, with the locks of its tenants held throughout."""
+        out: list[JobRow | None] = [None] * len(changes)
+        for wave in waves(changes):
+            tenants = sorted({changes[i].tenant for i in wave})
+            async with contextlib.AsyncExitStack() as held:
+                for tenant in tenants:  # in one order: two waves never wait on each other
+                    await held.enter_async_context(self.book(tenant).lock)
+                moves: list[tuple[int, Transition]] = []
+                for i in wave:
+                    c = changes[i]
+                    if c.kind not in _KNOWN_EVENTS:  # a newer placer's event: not followed
+                        continue
+                    if not EventType(c.kind).informational:
+                        # Only Kueue's admission (or a close) means the meter may hold an
+                        # allocation for it. A QUEUED job has none: cancelled, it never
+                        # will, so cancel() releases its hold itself.
+                        self.book(c.tenant).start(c.job_id)
+                    if (t := transition_of(c)) is not None:
+                        moves.append((i, t))
+                if not moves:
+                    continue
+                moved = await self.store.transition_many([t for _, t in moves], self.clock())
+                announce = []
+                for i, t in moves:
+                    m = moved.get(t.job_id)
+                    if m is None:
+                        if t.to is JobState.QUEUED and t.flavor:
+                            # Placed but not moved (a HELD job waits at the runway check):
+                            # the placer's choice is recorded all the same. A moved job
+                            # got it with its transition.
+                            await self.store.set_flavor(t.job_id, t.flavor, t.flavor_reason)
+                        continue
+                    out[i] = m[1]
+                    announce.append(self.publish(m[1], m[0]))
+                await asyncio.gather(*announce)
+        return out

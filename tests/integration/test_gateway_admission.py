@@ -113,6 +113,31 @@ async def test_a_held_job_is_released_when_a_reservation_frees(api: Api, clean_b
     assert (runway.charged, runway.reserved, runway.remaining) == ("0.1", "0.5", "0.4")
 
 
+async def test_a_burst_of_workload_events_moves_every_job_through_its_states_in_order(
+        api: Api, clean_bus: str) -> None:
+    """Admission applies a fetched batch of the placer's events a wave at a time, one
+    statement each: every job still passes each state once, in stream order."""
+    key = await api.tenant("burst", "100")
+    jobs = [(await api.submit(key)).job_id for _ in range(6)]
+    t0 = 1_800_000_000_000_000
+    steps = (6, 1, 2, 3)  # QUEUED, ADMITTED (runs), STARTED, FINISHED
+    await publish_events(clean_bus, [
+        wev(f"{job}-{n}", "burst", job, typ, t0 + n * 1_000_000 + i)
+        for n, typ in enumerate(steps) for i, job in enumerate(jobs)])
+    await eventually(lambda: api.db.fetchval(
+        "SELECT count(*) FROM jobs WHERE tenant = 'burst' AND state = $1",
+        int(S.JOB_STATE_SUCCEEDED)), lambda n: n == len(jobs), timeout_s=15)
+    rows = await api.db.fetch(
+        "SELECT job_id, from_state, to_state FROM job_transitions WHERE tenant = 'burst' "
+        "ORDER BY transition_id")
+    for job in jobs:
+        assert [(r["from_state"], r["to_state"]) for r in rows if r["job_id"] == job] == [
+            (0, S.JOB_STATE_ADMITTED), (S.JOB_STATE_ADMITTED, S.JOB_STATE_QUEUED),
+            (S.JOB_STATE_QUEUED, S.JOB_STATE_RUNNING), (S.JOB_STATE_RUNNING, S.JOB_STATE_SUCCEEDED)]
+    done = await api.job(key, jobs[0])
+    assert done.flavor == "gpu-h100" and done.state == S.JOB_STATE_SUCCEEDED
+
+
 @pytest.mark.parametrize(("name", "kwargs", "quota", "why"), [
     ("a job beyond the whole budget is rejected", {"seconds": 5000}, None, "whole budget"),
     ("a job beyond the tenant's quota is rejected", {"gpus": 4}, {"gpu-h100": 2}, "quota"),

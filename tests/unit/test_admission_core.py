@@ -18,9 +18,9 @@ from kestrel.errors import FailedPrecondition, NotFound
 from kestrel.jobs import JobRow
 from kestrel.v1 import common_pb2
 from kestrel.workloads import EventType
-from services.admission.core import Admission, Outcome, Submission
+from services.admission.core import Admission, Outcome, Submission, WorkloadChange, waves
 from services.admission.domain import Decision, JobAsk, JobState, Policy, Verdict
-from services.admission.store import NewJob, Snapshot
+from services.admission.store import NewJob, Snapshot, Transition
 
 PRICE = Decimal("0.001")  # per GPU-second: a 1-GPU, 100 s job reserves 0.1
 SPEC = common_pb2.JobSpec(name="train", gpus=1, flavor="gpu-h100",
@@ -36,6 +36,7 @@ class Store:
     holds: dict[str, Decimal] = field(default_factory=dict)  # open reservations
     released: list[str] = field(default_factory=list)
     interleave: bool = False  # let another decision run at each read and write
+    statements: int = 0  # transition_many calls
 
     async def prices(self) -> dict[str, Decimal]:
         return {"gpu-h100": PRICE}
@@ -123,6 +124,19 @@ class Store:
         if release:
             await self.release([job_id], reason, now_us)
         return row.state, self.jobs[job_id]
+
+    async def transition_many(self, moves: Sequence[Transition], now_us: int
+                              ) -> dict[str, tuple[JobState, JobRow]]:
+        assert len({m.job_id for m in moves}) == len(moves)
+        self.statements += 1
+        out = {}
+        for m in moves:
+            moved = await self.transition(
+                m.job_id, m.to, m.reason, now_us, allowed_from=m.allowed_from,
+                started_us=m.started_us, flavor=(m.flavor, m.flavor_reason) if m.flavor else None)
+            if moved is not None:
+                out[m.job_id] = moved
+        return out
 
     async def set_flavor(self, job_id: str, flavor: str, reason: str) -> None:
         self.jobs[job_id] = replace(self.jobs[job_id], flavor=flavor, flavor_reason=reason)
@@ -364,6 +378,56 @@ async def test_a_job_follows_kubernetes(events: list[EventType], state: JobState
     for i, e in enumerate(events):
         await a.workload_event("acme", "j1", e, 10 + i, "", flavor="gpu-h100")
     assert store.jobs["j1"].state is state
+
+
+def change(job_id: str, kind: int, t: int = 10, tenant: str = "acme") -> WorkloadChange:
+    return WorkloadChange(tenant, job_id, kind, t, "", "gpu-h100")
+
+
+async def test_a_batch_of_events_moves_each_job_through_its_states_in_stream_order() -> None:
+    store = Store(credits={"acme": Decimal(1), "zeta": Decimal(1)})
+    a, told = admission(store)
+    for j, tenant in (("j1", "acme"), ("j2", "acme"), ("j3", "zeta")):
+        await a.admit(ask(j, tenant), "n", SPEC, "")
+    told.clear()
+    moved = await a.workload_events([
+        change("j1", EventType.QUEUED), change("j2", EventType.QUEUED),
+        change("j1", EventType.ADMITTED), change("j3", EventType.QUEUED, tenant="zeta"),
+        change("j1", EventType.STARTED), change("j1", EventType.FINISHED),
+        change("j2", EventType.ADMITTED), change("j3", 999, tenant="zeta"),
+    ])
+    assert [r.state if r else None for r in moved] == [
+        JobState.QUEUED, JobState.QUEUED, JobState.RUNNING, JobState.QUEUED,
+        None, JobState.SUCCEEDED, JobState.RUNNING, None]
+    # j1 has four events, so four waves; STARTED moves nothing, so three statements
+    assert store.statements == 3
+    assert [(j, to) for j, _, to in told if j == "j1"] == [
+        ("j1", JobState.QUEUED), ("j1", JobState.RUNNING), ("j1", JobState.SUCCEEDED)]
+    assert {j: r.state for j, r in store.jobs.items()} == {
+        "j1": JobState.SUCCEEDED, "j2": JobState.RUNNING, "j3": JobState.QUEUED}
+    assert a.book("acme").started == {"j1", "j2"}
+
+
+async def test_a_batch_delivered_again_moves_nothing_twice() -> None:
+    store = Store(credits={"acme": Decimal(1)})
+    a, told = admission(store)
+    await a.admit(ask("j1"), "n", SPEC, "")
+    batch = [change("j1", EventType.QUEUED), change("j1", EventType.ADMITTED)]
+    await a.workload_events(batch)
+    told.clear()
+    assert await a.workload_events(batch) == [None, None]
+    assert told == [] and store.jobs["j1"].state is JobState.RUNNING
+
+
+@pytest.mark.parametrize(("job_ids", "expected"), [
+    pytest.param([], [], id="no changes, no waves"),
+    pytest.param(["a", "b", "c"], [[0, 1, 2]], id="distinct jobs share one wave"),
+    pytest.param(["a", "a", "a"], [[0], [1], [2]], id="one job's changes each in a wave"),
+    pytest.param(["a", "b", "a", "c", "b", "a"], [[0, 1, 3], [2, 4], [5]],
+                 id="a job's n-th change is in wave n, in batch order"),
+])
+def test_waves(job_ids: list[str], expected: list[list[int]]) -> None:
+    assert waves([change(j, EventType.QUEUED) for j in job_ids]) == expected
 
 
 async def test_an_event_type_from_a_newer_placer_is_ignored() -> None:
