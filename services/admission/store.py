@@ -193,48 +193,21 @@ class AdmissionStore:
                          started_us: int = 0, flavor: tuple[str, str] | None = None
                          ) -> tuple[JobState, JobRow] | None:
         """Move a job between states; None if it is not in one of `allowed_from`.
+        With `release`, its reservation is released in the same statement."""
+        move = Transition(job_id, to, reason, allowed_from, started_us, *(flavor or ("", "")))
+        return (await self.transition_many([move], now_us, release=release)).get(job_id)
 
-        One statement (one round trip, one implicit transaction): the row is locked and
-        its old state read by the UPDATE's FROM, the transition and any release are
-        written from what the UPDATE returned. It was five round trips (BEGIN, SELECT
-        FOR UPDATE, UPDATE, INSERT, COMMIT), three times per job."""
-        r = await self.pool.fetchrow(f"""
-            WITH u AS (
-              UPDATE jobs j SET state = $2, reason = $3,
-                finished_us = CASE WHEN $4::boolean THEN $5::bigint ELSE j.finished_us END,
-                started_us = CASE WHEN $6::bigint > 0 AND j.started_us = 0 THEN $6::bigint
-                                  ELSE j.started_us END,
-                flavor = CASE WHEN $7::text <> '' THEN $7::text ELSE j.flavor END,
-                flavor_reason = CASE WHEN $7::text <> '' THEN $8::text
-                                     ELSE j.flavor_reason END
-              FROM (SELECT job_id, state FROM jobs WHERE job_id = $1 FOR UPDATE) old
-              WHERE j.job_id = old.job_id AND old.state = ANY($9::smallint[])
-              RETURNING old.state AS prev_state, {_qualified("j", JOB_COLS)}),
-            t AS (
-              INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, time_us)
-              SELECT job_id, tenant, prev_state, $2, $3, $5 FROM u),
-            r AS (
-              INSERT INTO reservation_releases (reservation_id, reason, released_us)
-              SELECT reservation_id, $3, $5 FROM reservations
-              WHERE reservation_id = $1 AND $10::boolean AND EXISTS (SELECT 1 FROM u)
-              ON CONFLICT DO NOTHING)
-            SELECT * FROM u""",
-            job_id, int(to), reason, to.terminal, now_us, started_us,
-            flavor[0] if flavor else "", flavor[1] if flavor else "",
-            [int(s) for s in allowed_from], release)
-        if r is None:
-            return None
-        return JobState(r["prev_state"]), job_row(r)
-
-    async def transition_many(self, moves: Sequence[Transition], now_us: int
-                              ) -> dict[str, tuple[JobState, JobRow]]:
+    async def transition_many(self, moves: Sequence[Transition], now_us: int, *,
+                              release: bool = False) -> dict[str, tuple[JobState, JobRow]]:
         """Several jobs' moves (each job at most once) in one statement: the jobs moved,
         by id, with the state each left. A job in none of its `allowed_from` states (or
-        unknown) is left as it is and absent from the answer.
+        unknown) is left as it is and absent from the answer. With `release`, each moved
+        job's reservation is released too.
 
-        What `transition` does per job, for a batch of the placer's events: one round
-        trip and one commit where there was one each per event. Rows are locked in
-        job id order, so two batches over the same jobs wait rather than deadlock."""
+        One round trip and one implicit transaction for a whole batch of the placer's
+        events (it was five round trips per event once: BEGIN, SELECT FOR UPDATE,
+        UPDATE, INSERT, COMMIT). Rows are locked in job id order, so two batches over
+        the same jobs wait rather than deadlock."""
         if len({m.job_id for m in moves}) != len(moves):
             raise ValueError("a job may move once per statement")
         rows = await self.pool.fetch(f"""
@@ -260,13 +233,18 @@ class AdmissionStore:
                         {_qualified("j", JOB_COLS)}),
             t AS (
               INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, time_us)
-              SELECT job_id, tenant, prev_state, state, moved_reason, $9 FROM u)
+              SELECT job_id, tenant, prev_state, state, moved_reason, $9 FROM u),
+            r AS (
+              INSERT INTO reservation_releases (reservation_id, reason, released_us)
+              SELECT r.reservation_id, u.moved_reason, $9 FROM reservations r
+              JOIN u ON r.reservation_id = u.job_id WHERE $10::boolean
+              ON CONFLICT DO NOTHING)
             SELECT * FROM u""",
             [m.job_id for m in moves], [int(m.to) for m in moves],
             [m.reason for m in moves], [m.to.terminal for m in moves],
             [m.started_us for m in moves], [m.flavor for m in moves],
             [m.flavor_reason for m in moves],
-            [sum(1 << int(s) for s in set(m.allowed_from)) for m in moves], now_us)
+            [sum(1 << int(s) for s in set(m.allowed_from)) for m in moves], now_us, release)
         return {r["job_id"]: (JobState(r["prev_state"]), job_row(r)) for r in rows}
 
     async def set_flavor(self, job_id: str, flavor: str, reason: str) -> None:
