@@ -9,7 +9,6 @@ import json
 import subprocess
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 from kestrel.cluster.paths import (
     CPU_NODE_ENABLED,
@@ -20,7 +19,7 @@ from kestrel.cluster.paths import (
     SIMULATED_NODE_SELECTOR,
     binary_paths,
 )
-from kestrel.cluster.processes import _proc_cmdline, _rss_kib, kubectl, pid_alive
+from kestrel.cluster.processes import _rss_kib, kubectl, runs
 
 
 def apiserver_ready() -> bool:
@@ -39,12 +38,7 @@ def kueue_pid() -> int | None:
         pid = int(PATHS.kueue_pidfile.read_text().strip())
     except (OSError, ValueError):
         return None
-    if not pid_alive(pid):
-        return None
-    cmd = _proc_cmdline(pid)
-    if not cmd or "kueue" not in Path(cmd[0]).name:
-        return None
-    return pid
+    return pid if runs(pid, lambda name: "kueue" in name) else None
 
 
 def kueue_ready() -> bool:
@@ -79,11 +73,7 @@ def process_health() -> list[ProcessHealth]:
             except (OSError, ValueError):
                 pid = None
             # a stale pid file (e.g. after a reboot) may name an unrelated process
-            alive = (
-                pid is not None
-                and pid_alive(pid)
-                and Path((_proc_cmdline(pid) or [""])[0]).name == pidfile.stem
-            )
+            alive = pid is not None and runs(pid, pidfile.stem)
             rss = _rss_kib(pid) / 1024 if alive and pid is not None else 0.0
             out.append(ProcessHealth(pidfile.stem, pid, alive, rss))
     kpid = kueue_pid()
@@ -121,12 +111,7 @@ def _component_pid(component: str, exe_name: str) -> int | None:
         pid = int(NODE.pidfile(component).read_text().strip())
     except (OSError, ValueError):
         return None
-    if not pid_alive(pid):
-        return None
-    cmd = _proc_cmdline(pid)
-    if not cmd or Path(cmd[0]).name != exe_name:
-        return None
-    return pid
+    return pid if runs(pid, exe_name) else None
 
 
 def containerd_pid() -> int | None:

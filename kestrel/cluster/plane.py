@@ -56,7 +56,6 @@ from kestrel.cluster.paths import (
 )
 from kestrel.cluster.processes import (
     _pid_dead,
-    _proc_cmdline,
     _run,
     _spawn,
     _state_lock,
@@ -64,6 +63,7 @@ from kestrel.cluster.processes import (
     _tail,
     kubectl,
     pid_alive,
+    runs,
     wait_until,
 )
 
@@ -220,8 +220,7 @@ def apiserver_replica_pid() -> int | None:
         pid = int(_replica_pid_file().read_text().strip())
     except (OSError, ValueError):
         return None
-    alive = pid_alive(pid) and Path((_proc_cmdline(pid) or [""])[0]).name == "kube-apiserver"
-    return pid if alive else None
+    return pid if runs(pid, "kube-apiserver") else None
 
 
 def start_apiserver_replica(progress: Progress = print, timeout_s: float = 60) -> int:
@@ -393,9 +392,7 @@ def _down_locked(progress: Progress) -> None:
     # by the pids it recorded and only if they still run our component binaries.
     for comp in components:
         pid = comp.pid
-        if pid is None or not pid_alive(pid):
-            continue
-        if Path((_proc_cmdline(pid) or [""])[0]).name != comp.component:
+        if pid is None or not runs(pid, comp.component):
             continue
         os.kill(pid, signal.SIGTERM)
         with contextlib.suppress(ClusterError):

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kestrel.cluster.processes import _proc_cmdline, pid_alive, spawn_daemon
+from kestrel.cluster.processes import _proc_cmdline, pid_alive, runs, spawn_daemon
 from kestrel.devstack import free_port
 from kestrel.procs import REPO, ServiceProcess, as_user, die_with_parent
 
@@ -144,3 +144,25 @@ def test_a_daemon_is_seen_running_its_binary_the_moment_spawn_daemon_returns(
             proc.kill()
             proc.wait()
     assert not_yet == 0
+
+
+def test_a_daemon_another_process_just_started_is_seen_as_ours(tmp_path: Path) -> None:
+    """`kestrel status` while `up` starts the kubelet: a plain Popen, checked at once
+    from outside, lands in the exec window where /proc/<pid>/cmdline is still empty.
+    runs() reads again until the arguments show, so none of 200 is called dead; a live
+    pid running another binary, or one that exited, is still not ours."""
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    missed = 0
+    for _ in range(200):
+        proc = subprocess.Popen([sleep, "60"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            missed += not runs(proc.pid, "sleep")
+            assert not runs(proc.pid, "kubelet")
+            assert runs(proc.pid, lambda name: name.startswith("sle"))
+        finally:
+            proc.kill()
+            proc.wait()
+        assert not runs(proc.pid, "sleep")
+    assert missed == 0, f"{missed} of 200 live starts called dead"
