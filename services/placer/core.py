@@ -56,6 +56,11 @@ log = logging.getLogger("kestrel.placer")
 Publish = Callable[[Derived], Awaitable[None]]
 Key = tuple[str, str]  # (namespace, job name == Kestrel job id)
 
+# How many jobs' events one pass of the observer publishes side by side: enough that a
+# busy watch's read goes out in a few NATS writes, few enough that the first list of a
+# deep queue (thousands of jobs) does not wait for thousands of acks at once.
+PUBLISH_FANOUT = 256
+
 
 @dataclass(frozen=True)
 class PlacerSettings:
@@ -332,16 +337,43 @@ class Placer:
                     reads = []
                 while not self.queue.empty():  # everything the watches sent meanwhile
                     reads.append(self.queue.get_nowait())
-                for kind, changes in reads:
-                    for etype, obj in changes:
-                        try:
-                            await self.observe_now(kind, etype, obj)
-                        except Exception:
-                            log.exception("observing %s %s failed", etype, kind)
+                await self.observe(reads)
         finally:
             stopping.cancel()
 
     async def observe_now(self, kind: str, etype: str, obj: Any) -> None:
+        await self.observe([(kind, [(etype, obj)])])
+
+    async def observe(self, reads: Sequence[tuple[str, Sequence[Change]]]) -> None:
+        """Apply the reads' changes in order, deriving each job's events after every
+        change (an eviction between two reads of one job is kept); then publish each
+        job's new events in its order, the jobs side by side.
+
+        One job at a time, every event waited for its stream ack before the next job's
+        went out: one NATS write, one ack read and one wake-up of this loop per event.
+        Side by side, the client's flusher carries many jobs' events in one write."""
+        due: dict[Key, dict[str, Derived]] = {}
+        for kind, changes in reads:
+            for etype, obj in changes:
+                try:
+                    keys = self._observed_keys(kind, etype, obj)
+                except Exception:
+                    log.exception("observing %s %s failed", etype, kind)
+                    continue
+                for key in keys:
+                    view = self.views.get(key)
+                    if view is None:
+                        continue
+                    events = due.setdefault(key, {})
+                    for event in derive(self._observed(view)):
+                        events.setdefault(event.event_id, event)
+        keys = list(due)
+        for at in range(0, len(keys), PUBLISH_FANOUT):
+            await asyncio.gather(*(self._settle(key, list(due[key].values()))
+                                   for key in keys[at:at + PUBLISH_FANOUT]))
+
+    def _observed_keys(self, kind: str, etype: str, obj: Any) -> list[Key]:
+        """Apply one change; the jobs whose events are to be derived now."""
         if etype == "RELIST":
             touched = self._relist(kind, obj)
             self._listed.add(kind)
@@ -349,13 +381,9 @@ class Placer:
                 self.synced.set()
                 touched = set(self.views)
                 log.info("initial lists in: %d Kestrel jobs in Kubernetes", len(touched))
-            if self.synced.is_set():
-                for each in sorted(touched):
-                    await self._derive(each)
-            return
+            return sorted(touched) if self.synced.is_set() else []
         key = self._apply(kind, etype, obj)
-        if key is not None and self.synced.is_set():
-            await self._derive(key)
+        return [key] if key is not None and self.synced.is_set() else []
 
     def _apply(self, kind: str, etype: str, obj: dict[str, Any]) -> Key | None:
         key = key_of(kind, obj)
@@ -429,15 +457,24 @@ class Placer:
                         len(stuck), patience_s, ", ".join(k[1] for k in stuck[:5]))
         return stuck
 
-    async def _derive(self, key: Key) -> None:
+    @staticmethod
+    def _observed(view: View) -> Observed:
+        return Observed(view.job, view.workload, tuple(view.pods.values()),
+                        view.workload_deleted, view.gone_us)
+
+    async def _settle(self, key: Key, events: Sequence[Derived]) -> None:
+        """Publish a job's derived events not out yet; set its stand-in; forget a job
+        gone from Kubernetes once every event of it is out."""
         view = self.views.get(key)
         if view is None:
             return
-        observed = Observed(view.job, view.workload, tuple(view.pods.values()),
-                            view.workload_deleted, view.gone_us)
-        await self._publish_new(view, derive(observed))
-        if self.standins is not None:
-            await self.standins.set(key[1], wanted(view.pods.values()))
+        try:
+            await self._publish_new(view, events)
+            if self.standins is not None:
+                await self.standins.set(key[1], wanted(view.pods.values()))
+        except Exception:
+            log.exception("publishing the events of %s/%s failed", *key)
+            return
         if view.empty and self.views.get(key) is view:
             self.views.pop(key, None)  # gone from Kubernetes; every event is out
 

@@ -4,6 +4,7 @@ Kubernetes objects imply (over dicts shaped like what the apiserver serves)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -489,6 +490,54 @@ async def test_the_observer_applies_each_event_of_a_read_in_order_so_an_eviction
     stop.set()
     await asyncio.wait_for(running, 5)
     assert rec.ids == [f"{JOB}:admitted", f"{JOB}:evicted", f"{JOB}.r2:admitted"]
+
+
+class GatedPublisher:
+    """Acks nothing until released: what is in flight at once shows."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.in_flight = 0
+        self.most = 0
+        self.release = asyncio.Event()
+
+    async def __call__(self, event: Derived) -> None:
+        self.ids.append(event.event_id)
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await self.release.wait()
+        self.in_flight -= 1
+
+
+async def test_a_read_that_moves_many_jobs_publishes_them_side_by_side_each_in_its_order(
+        ) -> None:
+    """Four jobs created and admitted in one read: their events are in flight together
+    (one NATS write carries them), while each job's QUEUED still goes before its
+    ADMITTED. One at a time, the first publish held every other job back."""
+    pub = GatedPublisher()
+    placer = Placer(cast(Any, None), cast(Any, None), pub, PlacerSettings(),
+                    clock=lambda: us(59))
+    jobs = [JOB[:-1] + str(i) for i in range(4)]
+
+    def renamed(obj: dict[str, Any], job: str) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(json.dumps(obj).replace(JOB, job))
+        return out
+
+    for kind in ("workload", "job", "pod"):
+        await placer.observe_now(kind, "RELIST", [])
+    read = [("job", [("ADDED", renamed(job_obj(), j)) for j in jobs]),
+            ("workload", [("ADDED", renamed(workload(*RESERVED), j)) for j in jobs])]
+    observing = asyncio.create_task(placer.observe(read))
+    for _ in range(100):
+        if pub.in_flight == len(jobs):
+            break
+        await asyncio.sleep(0.01)
+    most = pub.most
+    pub.release.set()
+    await asyncio.wait_for(observing, 5)
+    assert most == len(jobs)
+    for j in jobs:
+        assert [i for i in pub.ids if i.startswith(f"{j}:")] == [f"{j}:queued", f"{j}:admitted"]
 
 
 class FlakyWatchKube:
