@@ -110,9 +110,9 @@ def _proc_cmdline(pid: int) -> list[str]:
 
 def runs(pid: int, exe: str | Callable[[str], bool], settle_s: float = 0.05) -> bool:
     """Whether ``pid`` is alive and running our binary: the name of its argv[0] is
-    ``exe`` (or ``exe`` of that name is true). Every "is pid N our daemon?" check
-    asks this, for pid files can outlive their process and a reused pid can name
-    anything.
+    ``exe``, or, where ``exe`` is a predicate, that name satisfies it. Every "is pid N
+    our daemon?" check asks this, for pid files can outlive their process and a reused
+    pid can name anything.
 
     A live process whose /proc/<pid>/cmdline is empty is one the kernel has not yet
     given its new program's arguments: for a few ms after the exec released its parent

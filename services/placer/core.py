@@ -355,18 +355,16 @@ class Placer:
         due: dict[Key, dict[str, Derived]] = {}
         for kind, changes in reads:
             for etype, obj in changes:
-                try:
-                    keys = self._observed_keys(kind, etype, obj)
+                try:  # one object the observer cannot read must not stop it
+                    for key in self._observed_keys(kind, etype, obj):
+                        view = self.views.get(key)
+                        if view is None:
+                            continue
+                        events = due.setdefault(key, {})
+                        for event in derive(self._observed(view)):
+                            events.setdefault(event.event_id, event)
                 except Exception:
                     log.exception("observing %s %s failed", etype, kind)
-                    continue
-                for key in keys:
-                    view = self.views.get(key)
-                    if view is None:
-                        continue
-                    events = due.setdefault(key, {})
-                    for event in derive(self._observed(view)):
-                        events.setdefault(event.event_id, event)
         keys = list(due)
         for at in range(0, len(keys), PUBLISH_FANOUT):
             await asyncio.gather(*(self._settle(key, list(due[key].values()))

@@ -540,6 +540,19 @@ async def test_a_read_that_moves_many_jobs_publishes_them_side_by_side_each_in_i
         assert [i for i in pub.ids if i.startswith(f"{j}:")] == [f"{j}:queued", f"{j}:admitted"]
 
 
+async def test_an_object_the_observer_cannot_read_is_logged_and_the_rest_of_the_read_goes_on(
+        ) -> None:
+    rec = Recorder()
+    placer = observer(rec)
+    for kind in ("workload", "job", "pod"):
+        await placer.observe_now(kind, "RELIST", [])
+    broken = json.loads(json.dumps(workload(*RESERVED)))  # RESERVED's dicts stay as they are
+    broken["status"]["conditions"][1]["lastTransitionTime"] = "not a time"
+    other = json.loads(json.dumps(workload(*RESERVED)).replace(JOB, JOB[:-1] + "0"))
+    await placer.observe([("workload", [("ADDED", broken), ("ADDED", other)])])
+    assert rec.ids == [f"{JOB[:-1]}0:admitted"]
+
+
 class FlakyWatchKube:
     """Lists at resourceVersion 10, then 20; the first watch answers 410 Gone."""
 
