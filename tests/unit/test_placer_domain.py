@@ -492,11 +492,17 @@ async def test_the_observer_applies_each_event_of_a_read_in_order_so_an_eviction
     assert rec.ids == [f"{JOB}:admitted", f"{JOB}:evicted", f"{JOB}.r2:admitted"]
 
 
-class GatedPublisher:
+def renamed(obj: dict[str, Any], job: str) -> dict[str, Any]:
+    """A deep copy of `obj` with job id JOB replaced by `job` throughout."""
+    out: dict[str, Any] = json.loads(json.dumps(obj).replace(JOB, job))
+    return out
+
+
+class GatedPublisher(Recorder):
     """Acks nothing until released: what is in flight at once shows."""
 
     def __init__(self) -> None:
-        self.ids: list[str] = []
+        super().__init__()
         self.in_flight = 0
         self.most = 0
         self.release = asyncio.Event()
@@ -518,11 +524,6 @@ async def test_a_read_that_moves_many_jobs_publishes_them_side_by_side_each_in_i
     placer = Placer(cast(Any, None), cast(Any, None), pub, PlacerSettings(),
                     clock=lambda: us(59))
     jobs = [JOB[:-1] + str(i) for i in range(4)]
-
-    def renamed(obj: dict[str, Any], job: str) -> dict[str, Any]:
-        out: dict[str, Any] = json.loads(json.dumps(obj).replace(JOB, job))
-        return out
-
     for kind in ("workload", "job", "pod"):
         await placer.observe_now(kind, "RELIST", [])
     read = [("job", [("ADDED", renamed(job_obj(), j)) for j in jobs]),
@@ -546,9 +547,9 @@ async def test_an_object_the_observer_cannot_read_is_logged_and_the_rest_of_the_
     placer = observer(rec)
     for kind in ("workload", "job", "pod"):
         await placer.observe_now(kind, "RELIST", [])
-    broken = json.loads(json.dumps(workload(*RESERVED)))  # RESERVED's dicts stay as they are
+    broken = renamed(workload(*RESERVED), JOB)  # a copy: RESERVED's dicts stay as they are
     broken["status"]["conditions"][1]["lastTransitionTime"] = "not a time"
-    other = json.loads(json.dumps(workload(*RESERVED)).replace(JOB, JOB[:-1] + "0"))
+    other = renamed(workload(*RESERVED), JOB[:-1] + "0")
     await placer.observe([("workload", [("ADDED", broken), ("ADDED", other)])])
     assert rec.ids == [f"{JOB[:-1]}0:admitted"]
 
