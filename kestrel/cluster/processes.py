@@ -172,12 +172,7 @@ def spawn_daemon(cmd: Sequence[str], log_path: Path, *, cwd: Path,
         proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=env or dict(os.environ),
                                 cwd=str(cwd), start_new_session=True)  # fmt: skip
-    exe = Path(cmd[0]).name
-    deadline = time.monotonic() + exec_timeout_s
-    while proc.poll() is None and time.monotonic() < deadline:
-        if runs(proc.pid, exe, settle_s=0):
-            break
-        time.sleep(0.002)
+    runs(proc.pid, Path(cmd[0]).name, settle_s=exec_timeout_s)
     return proc
 
 
