@@ -150,6 +150,8 @@ class Placer:
         self.on_relist: Callable[[str], None] = lambda kind: None
         # Jobs requeued by requeue_stuck: when last, and how many times.
         self.touched: dict[Key, tuple[int, int]] = {}
+        # When a Job was last seen to get its Workload: Kueue's progress (requeue_due).
+        self.progress_us = 0
 
     # --- tenants -------------------------------------------------------------
 
@@ -390,6 +392,8 @@ class Placer:
         view = self.views.setdefault(key, View())
         deleted = etype == "DELETED"
         if kind == WORKLOADS:
+            if view.workload is None and not deleted:
+                self.progress_us = self.clock()
             view.workload = obj
             view.workload_deleted = deleted
             view.gone_us = self.clock() if deleted else 0
@@ -426,8 +430,8 @@ class Placer:
 
     async def requeue_stuck(self, grace_s: float = 3.0, patience_s: float = 15.0) -> list[Key]:
         """Touch the Jobs Kueue left without a Workload (lifecycle.requeue_due: skipped
-        while younger ones got theirs, or waiting `patience_s`), so Kueue reconciles
-        them now rather than after its backoff."""
+        while younger ones got theirs, or Kueue giving no Job a Workload for
+        `patience_s`), so Kueue reconciles them now rather than after its backoff."""
         if not self.synced.is_set():
             return []  # not every Workload listed yet: each Job would look stuck
         now = self.clock()
@@ -440,7 +444,8 @@ class Placer:
             elif awaiting_workload(view.job, view.workload, now, grace_us):
                 last, n = self.touched.get(key, (0, 0))
                 waiting[key] = Waiting(created_us(view.job), last, n)
-        stuck = requeue_due(waiting, served_us, now, grace_us, int(patience_s * 1_000_000))
+        stuck = requeue_due(waiting, served_us, now, grace_us, int(patience_s * 1_000_000),
+                            progress_us=self.progress_us)
         for key in stuck:
             self.touched[key] = (now, waiting[key].touches + 1)
             try:
@@ -451,7 +456,8 @@ class Placer:
             self.touched.pop(key)
         if stuck:
             log.warning("%d Jobs had no Kueue Workload while younger ones got theirs (or "
-                        "for %.0f s): touched them so Kueue reconciles them now (%s)",
+                        "Kueue served none for %.0f s): touched them so Kueue reconciles "
+                        "them now (%s)",
                         len(stuck), patience_s, ", ".join(k[1] for k in stuck[:5]))
         return stuck
 

@@ -614,6 +614,21 @@ def test_a_job_kueue_skipped_is_touched_with_a_backoff_and_a_backlog_is_left_alo
     assert got == (["j"] if due else [])
 
 
+@pytest.mark.parametrize(("served_s", "progress_s", "now_s", "due"), [
+    (90, 112, 116, False),   # Kueue gave an older Job its Workload 4 s ago: still working
+    (90, 112, 126, False),   # ... 14 s ago: the patience counts from then
+    (90, 112, 127, True),    # no Workload for anyone in 15 s: Kueue has stopped, touch
+    (90, 0, 115, True),      # nothing served since the Job was made: as before
+    (110, 114, 116, True),   # a Job 10 s younger was served: skipped, whatever the progress
+], ids=["kueue-works-through-older-jobs", "patience-counts-from-the-last-progress",
+        "no-progress-for-the-patience", "no-progress-ever", "skipped-beats-progress"])
+def test_a_backlog_kueue_works_through_is_left_alone_however_long_it_takes(
+        served_s: int, progress_s: int, now_s: int, due: bool) -> None:
+    got = requeue_due({"j": Waiting(100 * S)}, served_s * S, now_s * S, 3 * S, 15 * S,
+                      progress_us=progress_s * S)
+    assert got == (["j"] if due else [])
+
+
 def test_the_placer_lists_and_watches_only_its_pods_that_left_pending() -> None:
     seen: list[Any] = []
 
@@ -636,3 +651,37 @@ def test_the_placer_lists_and_watches_only_its_pods_that_left_pending() -> None:
     assert (method, path) == ("GET", "/api/v1/pods")
     assert query["fieldSelector"] == "status.phase!=Pending"
     assert query["labelSelector"] == "kestrel.dev/job-id" and query["resourceVersion"] == "7"
+
+
+class TouchRecorder:
+    """The one Kube call requeue_stuck makes."""
+
+    def __init__(self) -> None:
+        self.touched: list[str] = []
+
+    def touch_job(self, ns: str, name: str, stamp: str) -> bool:
+        self.touched.append(name)
+        return True
+
+
+async def test_jobs_behind_a_backlog_kueue_works_through_are_touched_only_once_it_stops(
+        ) -> None:
+    """Two Jobs wait for their Workloads (made at 0:30) while Kueue gives older Jobs
+    theirs: left alone past the patience, touched once Kueue has served nobody for it."""
+    now = [us(40)]
+    kube = TouchRecorder()
+    placer = Placer(cast(Any, kube), cast(Any, None), Recorder(), PlacerSettings(),
+                    clock=lambda: now[0])
+    older = renamed(job_obj(), "job-older")
+    older["metadata"]["creationTimestamp"] = ts(20)
+    waiting = [job_obj(), renamed(job_obj(), "job-twin")]
+    for kind, items in (("job", [older, *waiting]), ("workload", []), ("pod", [])):
+        await placer.observe_now(kind, "RELIST", items)
+    now[0] = us(40)
+    await placer.observe_now("workload", "ADDED", renamed(workload(), "job-older"))
+    now[0] = us(54)  # 24 s after the Jobs were made, 14 s after Kueue's last progress
+    assert await placer.requeue_stuck() == []
+    now[0] = us(55)
+    assert sorted(k[1] for k in await placer.requeue_stuck()) == ["job-0123456789abcdef",
+                                                                  "job-twin"]
+    assert sorted(kube.touched) == ["job-0123456789abcdef", "job-twin"]
