@@ -192,3 +192,86 @@ def test_a_watch_on_a_descriptor_above_1024_is_read_too() -> None:
         server.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert [e["object"]["metadata"]["name"] for e in got] == [f"o{i}" for i in range(10)]
+
+
+# --- managedFields left undecoded ----------------------------------------------------
+
+MANAGED = [
+    {"manager": "kueue-admission", "operation": "Apply", "apiVersion": "kueue.x-k8s.io/v1beta2",
+     "time": "2026-12-03T11:59:19Z", "fieldsType": "FieldsV1", "subresource": "status",
+     "fieldsV1": {"f:status": {"f:conditions": {'k:{"type":"QuotaReserved"}': {
+         ".": {}, "f:lastTransitionTime": {}, "f:message": {}}}}}},
+    {"manager": "kueue", "operation": "Update", "apiVersion": "kueue.x-k8s.io/v1beta2",
+     "time": "2026-12-03T11:59:19Z", "fieldsType": "FieldsV1",
+     "fieldsV1": {"f:metadata": {"f:ownerReferences": {'k:{"uid":"u-1"}': {}}}}},
+]
+
+
+def compact(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def workload_line(name: str, managed: list[Any]) -> bytes:
+    """A custom resource as the apiserver writes it: keys in sorted order, so managedFields
+    comes before name."""
+    meta = {"creationTimestamp": "2026-12-03T11:59:18Z", "generation": 1,
+            "labels": {"kueue.x-k8s.io/job-uid": "u-1"}, "managedFields": managed,
+            "name": name, "namespace": "kestrel-acme", "resourceVersion": "42"}
+    return compact({"type": "MODIFIED", "object": {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": meta,
+        "spec": {"podSets": [{"count": 1, "name": "main"}]},
+        "status": {"conditions": [{"type": "QuotaReserved", "status": "True"}]}}})
+
+
+def job_line(name: str, managed: list[Any]) -> bytes:
+    """A built-in kind as the apiserver writes it: managedFields last in metadata."""
+    meta = {"name": name, "namespace": "kestrel-acme", "labels": {"a": "b"},
+            "managedFields": managed}
+    return compact({"type": "ADDED", "object": {"kind": "Job", "apiVersion": "batch/v1",
+                                                "metadata": meta, "spec": {"parallelism": 1}}})
+
+
+def emptied(line: bytes) -> Any:
+    """The line decoded the slow way, with managedFields emptied."""
+    event = json.loads(line)
+    for obj in [event["object"], *event["object"].get("items", [])]:
+        if "managedFields" in obj.get("metadata", {}):
+            obj["metadata"]["managedFields"] = []
+    return event
+
+
+@pytest.mark.parametrize("line", [
+    workload_line("w1", MANAGED), job_line("j1", MANAGED), workload_line("w0", []),
+    job_line("j0", []), compact({"type": "BOOKMARK", "object": {"metadata": {
+        "resourceVersion": "7"}}}),
+], ids=["custom-resource", "built-in-kind", "empty-custom", "empty-built-in", "bookmark"])
+def test_an_event_decodes_as_it_was_sent_with_its_managed_fields_left_out(line: bytes) -> None:
+    assert kubewatch.loads(line) == emptied(line)
+    assert kubewatch.event_of(line) == emptied(line)
+
+
+def test_every_object_of_a_list_has_its_managed_fields_left_out() -> None:
+    items = [json.loads(workload_line(f"w{i}", MANAGED))["object"] for i in range(3)]
+    listed = compact({"kind": "WorkloadList", "metadata": {"resourceVersion": "9"},
+                      "items": items})
+    got = kubewatch.loads(listed)
+    assert [o["metadata"]["managedFields"] for o in got["items"]] == [[], [], []]
+    assert [o["metadata"]["name"] for o in got["items"]] == ["w0", "w1", "w2"]
+    assert len(kubewatch.without_managed_fields(listed)) < len(listed) / 2
+
+
+@pytest.mark.parametrize("manager", [
+    'x}],"name":"evil',   # the end the cut looks for, inside a string
+    "x}]}",               # a `}]` then the end of metadata, inside a string
+    "x]",                 # a bracket inside a string
+], ids=["a-fake-name-key", "a-fake-end-of-metadata", "a-bracket"])
+def test_a_managed_field_that_looks_like_the_end_of_the_list_decodes_whole_or_right(
+        manager: str) -> None:
+    """A manager name with brackets (not one Kubernetes writes) never yields a wrong
+    object: the cut is refused, or the cut text fails to decode and the whole is
+    decoded, or the cut is right."""
+    managed = [{**MANAGED[0], "manager": manager}, MANAGED[1]]
+    for line in (workload_line("w1", managed), job_line("j1", managed)):
+        got = kubewatch.loads(line)
+        assert got in (json.loads(line), emptied(line))
+        assert got["object"]["metadata"]["name"] in ("w1", "j1")
