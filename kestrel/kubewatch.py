@@ -69,10 +69,8 @@ def without_managed_fields(data: bytes) -> bytes:
     return b"".join(parts)
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes) -> Any:
     """A Kubernetes JSON response or watch line, decoded without managedFields."""
-    if isinstance(data, str):
-        data = data.encode()
     try:
         return orjson.loads(without_managed_fields(data))
     except orjson.JSONDecodeError:

@@ -677,7 +677,6 @@ async def test_jobs_behind_a_backlog_kueue_works_through_are_touched_only_once_i
     waiting = [job_obj(), renamed(job_obj(), "job-twin")]
     for kind, items in (("job", [older, *waiting]), ("workload", []), ("pod", [])):
         await placer.observe_now(kind, "RELIST", items)
-    now[0] = us(40)
     await placer.observe_now("workload", "ADDED", renamed(workload(), "job-older"))
     now[0] = us(54)  # 24 s after the Jobs were made, 14 s after Kueue's last progress
     assert await placer.requeue_stuck() == []
