@@ -95,6 +95,8 @@ class View:
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     workload_deleted: bool = False
     gone_us: int = 0
+    created_stamp: str | None = None  # the Job's creationTimestamp ...
+    created_us: int = 0  # ... and that instant, parsed once
     published: set[str] = field(default_factory=set)
     closed: set[str] = field(default_factory=set)  # allocations whose close is out
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -152,6 +154,13 @@ class Placer:
         self.touched: dict[Key, tuple[int, int]] = {}
         # When a Job was last seen to get its Workload: Kueue's progress (requeue_due).
         self.progress_us = 0
+        # What requeue_stuck reads, kept as each change is applied rather than found by
+        # walking every view each second (that walk parsed every Job's creation stamp:
+        # 1.5 CPU-ms a pass with 1,000 jobs held, 9.6 with 4,000). `unserved`: the Jobs
+        # without a Workload, with their creation instants; `served_us`: the newest
+        # creation among Jobs seen with theirs (requeue_due).
+        self.unserved: dict[Key, int] = {}
+        self.served_us = 0
 
     # --- tenants -------------------------------------------------------------
 
@@ -399,11 +408,26 @@ class Placer:
             view.gone_us = self.clock() if deleted else 0
         elif kind == JOBS:
             view.job = None if deleted else obj
+            stamp = _meta(obj).get("creationTimestamp") if view.job is not None else None
+            if stamp != view.created_stamp:  # parsed once per Job (a new Job: again)
+                view.created_stamp, view.created_us = stamp, created_us(view.job)
         elif deleted:
             view.pods.pop(str(_meta(obj).get("name")), None)
         else:
             view.pods[str(_meta(obj).get("name"))] = obj
+        if kind != PODS:
+            self._track(key, view)
         return key
+
+    def _track(self, key: Key, view: View) -> None:
+        """Keep `unserved` and `served_us` true of the view after a change to it."""
+        if view.job is not None and view.workload is None:
+            self.unserved[key] = view.created_us
+            return
+        if self.unserved.pop(key, None) is not None:
+            self.touched.pop(key, None)
+        if view.job is not None:
+            self.served_us = max(self.served_us, view.created_us)
 
     def _relist(self, kind: str, items: Sequence[dict[str, Any]]) -> set[Key]:
         """Apply a full list; what the cache holds but the list lacks was deleted."""
@@ -421,6 +445,7 @@ class Placer:
                     touched.add(key)
             elif kind == JOBS and view.job is not None and (key, key[1]) not in present:
                 view.job = None
+                self._track(key, view)
                 touched.add(key)
             elif kind == PODS:
                 for name in [n for n in view.pods if (key, n) not in present]:
@@ -436,15 +461,22 @@ class Placer:
             return []  # not every Workload listed yet: each Job would look stuck
         now = self.clock()
         grace_us = int(grace_s * 1_000_000)
+        patience_us = int(patience_s * 1_000_000)
+        if not self.unserved:
+            return []
+        oldest = min(self.unserved.values())
+        if oldest + grace_us > self.served_us and now - max(oldest, self.progress_us) < (
+                patience_us):
+            return []  # none skipped, Kueue not stalled (requeue_due): nothing is due
         waiting: dict[Key, Waiting] = {}
-        served_us = 0
-        for key, view in self.views.items():
-            if view.workload is not None and view.job is not None:
-                served_us = max(served_us, created_us(view.job))
-            elif awaiting_workload(view.job, view.workload, now, grace_us):
+        for key, created in self.unserved.items():
+            if now - created < grace_us:
+                continue  # not late yet
+            view = self.views.get(key)
+            if view is not None and awaiting_workload(view.job, view.workload, now, grace_us):
                 last, n = self.touched.get(key, (0, 0))
-                waiting[key] = Waiting(created_us(view.job), last, n)
-        stuck = requeue_due(waiting, served_us, now, grace_us, int(patience_s * 1_000_000),
+                waiting[key] = Waiting(created, last, n)
+        stuck = requeue_due(waiting, self.served_us, now, grace_us, patience_us,
                             progress_us=self.progress_us)
         for key in stuck:
             self.touched[key] = (now, waiting[key].touches + 1)

@@ -684,3 +684,30 @@ async def test_jobs_behind_a_backlog_kueue_works_through_are_touched_only_once_i
     assert sorted(k[1] for k in await placer.requeue_stuck()) == ["job-0123456789abcdef",
                                                                   "job-twin"]
     assert sorted(kube.touched) == ["job-0123456789abcdef", "job-twin"]
+
+
+async def test_the_placer_tracks_jobs_without_a_workload_as_changes_arrive() -> None:
+    """requeue_stuck reads what each change left (not a walk of every view): a Job
+    that gets its Workload leaves the waiting set and counts as served, one a relist
+    no longer holds leaves it, and a Job made again under its name waits from anew."""
+    now = [us(40)]
+    placer = Placer(cast(Any, TouchRecorder()), cast(Any, None), Recorder(),
+                    PlacerSettings(), clock=lambda: now[0])
+    a, b = job_obj(), renamed(job_obj(), "job-b")
+    for kind, items in (("job", [a, b]), ("workload", []), ("pod", [])):
+        await placer.observe_now(kind, "RELIST", items)
+    key_a = ("kestrel-acme", "job-0123456789abcdef")
+    assert set(placer.unserved) == {key_a, ("kestrel-acme", "job-b")}
+    assert placer.unserved[key_a] == us(30) and placer.served_us == 0
+
+    await placer.observe_now("workload", "ADDED", workload())
+    assert set(placer.unserved) == {("kestrel-acme", "job-b")}
+    assert placer.served_us == us(30)
+
+    await placer.observe_now("job", "RELIST", [a])  # job-b is gone from Kubernetes
+    assert placer.unserved == {}
+
+    again = renamed(job_obj(), "job-b")
+    again["metadata"]["creationTimestamp"] = ts(50)
+    await placer.observe_now("job", "ADDED", again)
+    assert placer.unserved == {("kestrel-acme", "job-b"): us(50)}
