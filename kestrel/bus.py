@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -128,14 +129,18 @@ async def connect(url: str, name: str) -> NATS:
         nonlocal last
         last = ""
         log.info("nats %s: reconnected", name)
+        for puller in list(_PULLERS):
+            if puller.nc is nc:
+                puller.wake()
 
     user = natsauth.user_of(url)
     extra: dict[str, Any] = {"inbox_prefix": natsauth.inbox_prefix(user)} if user else {}
-    return await nats.connect(
+    nc = await nats.connect(
         url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
         error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect,
         pending_size=64 * 1024 * 1024, **extra,
     )
+    return nc
 
 
 async def ensure_streams(js: JetStreamContext) -> None:
@@ -316,9 +321,12 @@ PULL_EXPIRES_S = 5.0
 # A request asked ahead (the batch before was full) expires sooner: closing waits for
 # it (see Puller.close), and it is asked only while a backlog lasts.
 PULL_AHEAD_EXPIRES_S = 0.5
-# How long `pull` waits in one fetch before it looks at its stop event again; a request
-# still waiting on the server is not asked again.
-PULL_WAIT_S = 0.5
+# How long `pull` waits in one fetch. It is woken sooner by its stop event (Puller.halt),
+# by what the server sends (a message, or the 408 that ends a request at its expiry),
+# by a reconnect (kestrel.bus.connect) and, should a request be lost, at its lapse: so
+# an idle consumer wakes once a PULL_EXPIRES_S. (Looking at the stop event every 0.5 s
+# was two wake-ups a second of every idle consumer, a third of admission's timers.)
+PULL_WAIT_S = 30.0
 # A request neither filled nor answered this long after it expired was lost (NATS
 # restarted, the client reconnected): the next fetch asks again. A reconnect is also
 # seen at once (the client's reconnect count): the server forgot its requests.
@@ -358,6 +366,7 @@ class Puller:
         self.refused: str | None = None
         self.prefetching = False  # the request in flight was sent ahead (see fetch)
         self.was_full = False  # the last batch handed out was full: a backlog
+        self.halted = False  # halt(): fetches return what is here, at once
         self.sub: Any = None
 
     @classmethod
@@ -372,9 +381,26 @@ class Puller:
             config.filter_subject = durable.subject
             config.name = config.durable_name = durable.name
             await js.add_consumer(durable.stream, config=config)
+        return await cls.attach(nc, durable)
+
+    @classmethod
+    async def attach(cls, nc: NATS, durable: Durable) -> Puller:
+        """Pull from the consumer named `durable.name`, which exists (an ephemeral one
+        made by the caller, kestrel.runway): listen on the inbox."""
         self = cls(nc, durable)
         self.sub = await nc.subscribe(self.inbox, cb=self.on_msg)
+        _PULLERS.add(self)
         return self
+
+    def halt(self) -> None:
+        """Stop waiting: the fetch in progress, and any after it, returns at once."""
+        self.halted = True
+        self.arrived.set()
+
+    def wake(self) -> None:
+        """Look again now (the connection was re-established: the server forgot the
+        request in flight, and the next fetch asks again)."""
+        self.arrived.set()
 
     async def on_msg(self, msg: Msg) -> None:
         if msg.reply and msg.reply.startswith("$JS.ACK."):  # a stream message
@@ -425,13 +451,16 @@ class Puller:
             if self.refused:
                 why, self.refused = self.refused, None
                 raise Refused(f"{self.durable.name}: pull refused: {why}")
+            if self.halted:
+                return []
             self.arrived.clear()
             if not self.in_flight():
                 await self._ask(batch)
             left = deadline - loop.time()
             if left <= 0:
                 return self._take(batch)
-            await self._next_arrival(left)
+            # Until something is heard, or the request in flight lapses unanswered.
+            await self._next_arrival(min(left, max(self.lapses - time.monotonic(), 0.01)))
         # A burst (more than one came at once) is likely a backlog: take the rest of
         # the request while it keeps coming.
         while 1 < len(self.ready) < batch and self.in_flight():
@@ -441,7 +470,8 @@ class Puller:
             if len(self.ready) == had:
                 break
         until = loop.time() + (0.0 if self.was_full else gather_s)
-        while len(self.ready) < batch and not self.refused and (left := until - loop.time()) > 0:
+        while len(self.ready) < batch and not self.refused and not self.halted and (
+                left := until - loop.time()) > 0:
             self.arrived.clear()
             if not self.in_flight():
                 await self._ask(batch)
@@ -473,12 +503,16 @@ class Puller:
                 await self.ready.popleft().nak()
 
 
+# The open pullers, woken by their connection's reconnect (connect's on_reconnect).
+_PULLERS: weakref.WeakSet[Puller] = weakref.WeakSet()
+
+
 async def pull(nc: NATS, durable: Durable,
                handle: Callable[[list[Msg]], Awaitable[None]], stop: asyncio.Event) -> None:
     """The loop every durable consumer runs, with one policy for failures:
 
-    1. Fetch up to `durable.batch` messages (a 5 s long poll on the server, looked at
-       every 0.5 s here, kestrel.bus.Puller). A
+    1. Fetch up to `durable.batch` messages (a 5 s long poll on the server, asked
+       again as each ends, kestrel.bus.Puller; `stop` ends the wait at once). A
        fetch that fails (NATS away while nats-py reconnects, a refused pull) is logged
        and tried again after FETCH_RETRY_S; the stream keeps whatever was not
        acknowledged.
@@ -494,6 +528,12 @@ async def pull(nc: NATS, durable: Durable,
        idempotent (by event or job id), so a message handled twice changes nothing.
     """
     puller = await Puller.open(nc, durable)
+
+    async def halt_on_stop() -> None:
+        await stop.wait()
+        puller.halt()
+
+    halting = asyncio.create_task(halt_on_stop())
     try:
         while not stop.is_set():
             try:
@@ -515,6 +555,7 @@ async def pull(nc: NATS, durable: Durable,
                     with contextlib.suppress(Exception):  # acknowledged ones refuse it
                         await m.nak(delay=WORK_RETRY_S)
     finally:
+        halting.cancel()
         await puller.close()
 
 

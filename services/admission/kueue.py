@@ -159,6 +159,20 @@ class Kueue:
             raise
 
 
+ACTIVE_RENEW_S = 10.0  # how often the AdmissionCheck's Active condition is renewed
+
+
+def idle_wait_s(now: float, full_at: float, full_pass_s: float, active_at: float,
+                retry: bool) -> float:
+    """How long the controller sleeps when nothing changes: until its next full pass
+    or Active renewal, or a second after a failure or while the AdmissionCheck is not
+    there yet (`active_at` 0). Waking every second regardless (and once more after the
+    batch sleep) was two wake-ups a second of an idle admission."""
+    due = full_at + full_pass_s
+    due = min(due, now + 1.0 if retry or not active_at else active_at + ACTIVE_RENEW_S)
+    return max(due - now, 0.0)
+
+
 class RunwayCheckController:
     def __init__(self, admission: Admission, kubeconfig: str, check: str,
                  full_pass_s: float = 5.0, batch_s: float = 0.05) -> None:
@@ -243,8 +257,9 @@ class RunwayCheckController:
         active_at = full_at = 0.0
         try:
             while not stop.is_set():
+                retry = False
                 try:
-                    if loop.time() - active_at > 10 and await asyncio.to_thread(
+                    if loop.time() - active_at > ACTIVE_RENEW_S and await asyncio.to_thread(
                             kueue.keep_active, self.check):
                         active_at = loop.time()
                     if loop.time() - full_at > self.full_pass_s:  # every tenant still busy
@@ -255,12 +270,16 @@ class RunwayCheckController:
                     await self.decide(kueue)
                 except Exception as exc:
                     log.warning("runway check reconcile failed: %s", exc)
+                    retry = True
                 waits = [asyncio.create_task(e.wait()) for e in (self.changed, stop)]
-                await asyncio.wait(waits, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    waits, timeout=idle_wait_s(loop.time(), full_at, self.full_pass_s,
+                                               active_at, retry),
+                    return_when=asyncio.FIRST_COMPLETED)
                 for t in waits:
                     t.cancel()
-                if not stop.is_set():
-                    await asyncio.sleep(self.batch_s)
+                if done and not stop.is_set():
+                    await asyncio.sleep(self.batch_s)  # let the rest of a burst arrive
                 self.changed.clear()
         finally:
             halt.set()

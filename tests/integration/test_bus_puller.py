@@ -124,3 +124,61 @@ async def test_a_request_the_server_forgot_in_a_reconnect_is_asked_again_at_once
     nc.stats["reconnects"] += 1  # what nats-py counts when it reconnected
     assert not puller.in_flight()
     await puller.close()
+
+
+async def test_an_idle_pull_loop_waits_in_one_fetch_and_returns_as_soon_as_it_is_stopped(
+        conn: tuple[Any, Any, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle, the loop sits in one fetch while its requests expire and are asked again
+    (each a 408 from the server), not in a fetch that gives up every half second; its
+    stop event ends that wait at once."""
+    monkeypatch.setattr(bus, "PULL_EXPIRES_S", 0.3)
+    nc, js, tenant = conn
+    fetches, asks = [], []
+    fetch, ask = bus.Puller.fetch, bus.Puller._ask
+
+    async def counted_fetch(self: bus.Puller, *a: Any, **kw: Any) -> Any:
+        fetches.append(1)
+        return await fetch(self, *a, **kw)
+
+    async def counted_ask(self: bus.Puller, *a: Any, **kw: Any) -> Any:
+        asks.append(1)
+        return await ask(self, *a, **kw)
+    monkeypatch.setattr(bus.Puller, "fetch", counted_fetch)
+    monkeypatch.setattr(bus.Puller, "_ask", counted_ask)
+    stop, seen = asyncio.Event(), []
+
+    async def handle(msgs: list[Any]) -> None:
+        for m in msgs:
+            seen.append(int(m.data))
+            await m.ack()
+    loop = asyncio.create_task(bus.pull(nc, bus.Durable(
+        STREAM, f"kestrel.workload.{tenant}.>", f"puller-f-{tenant}", 16), handle, stop))
+    await asyncio.sleep(1.6)
+    assert len(fetches) == 1 and len(asks) >= 4, (fetches, asks)  # expired and asked again
+    await _publish(js, tenant, 1)
+    for _ in range(50):
+        if seen:
+            break
+        await asyncio.sleep(0.05)
+    assert seen == [0] and len(fetches) == 2
+    stop.set()
+    await asyncio.wait_for(loop, 1.0)  # not the 30 s of the fetch's own wait
+
+
+async def test_a_reconnect_makes_a_waiting_fetch_ask_again_at_once(
+        conn: tuple[Any, Any, str]) -> None:
+    """A fetch waiting on a request the server forgot (NATS restarted) is woken by the
+    connection's reconnect and asks again, rather than at the request's lapse."""
+    nc = conn[0]
+    puller = await bus.Puller.open(nc, bus.Durable(STREAM, "kestrel.workload.>", "puller-g",
+                                                   16))
+    fetching = asyncio.create_task(puller.fetch(16, timeout=10))
+    await asyncio.sleep(0.2)
+    asked_in = puller.asked_in
+    nc.stats["reconnects"] += 1  # what nats-py counts, then it calls reconnected_cb
+    await nc._reconnected_cb()
+    await asyncio.sleep(0.2)
+    assert puller.asked_in == asked_in + 1 and puller.in_flight()
+    puller.halt()
+    assert await asyncio.wait_for(fetching, 1.0) == []
+    await puller.close()

@@ -34,6 +34,9 @@ class Puller:
         self.stop = stop
         self.closed = False
 
+    def halt(self) -> None:
+        pass
+
     async def fetch(self, batch: int, timeout: float,  # noqa: ASYNC109
                     gather_s: float = 0.0) -> list[Msg]:
         step = self.script.pop(0)

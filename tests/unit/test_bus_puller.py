@@ -181,7 +181,7 @@ async def test_a_burst_is_gathered_while_it_keeps_coming_up_to_the_batch() -> No
     await p.fetch(5, timeout=0.01)  # the request is out
     later(p, stream_msg("a"), stream_msg("b"), after_s=0.005)
     later(p, stream_msg("c"), after_s=0.0065)  # 1.5 ms after the first chunk: same burst
-    later(p, stream_msg("d"), after_s=0.3)  # long after: the next fetch's
+    later(p, stream_msg("d"), after_s=0.15)  # long after (inside the expiry): the next fetch's
     got = await p.fetch(5, timeout=1)
     assert names(got) == ["a", "b", "c"]
     assert names(await p.fetch(5, timeout=1)) == ["d"]

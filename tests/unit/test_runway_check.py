@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kestrel.jobs import JobRow, JobState
 from kestrel.v1 import common_pb2
-from services.admission.kueue import Kueue, RunwayCheckController, view
+from services.admission.kueue import Kueue, RunwayCheckController, idle_wait_s, view
 from services.admission.runway_check import (
     CheckState,
     Money,
@@ -230,3 +230,16 @@ def test_a_read_of_the_workload_watch_is_applied_at_once_in_order_to_its_last_ve
         [(t, o["metadata"]["resourceVersion"]) for t, o in changes]))
     assert rv == "4"
     assert emitted == [[("ADDED", "1"), ("MODIFIED", "2")], [("DELETED", "3")]]
+
+
+@pytest.mark.parametrize(("now", "full_at", "active_at", "retry", "wait"), [
+    (101.0, 100.0, 100.0, False, 4.0),   # the next full pass comes first (every 5 s)
+    (101.0, 100.0, 93.0, False, 2.0),    # the Active renewal (every 10 s) comes first
+    (101.0, 100.0, 0.0, False, 1.0),     # the AdmissionCheck not there yet: look each second
+    (101.0, 100.0, 100.0, True, 1.0),    # a failed pass is tried again after a second
+    (106.0, 100.0, 100.0, False, 0.0),   # overdue: at once
+], ids=["until-the-next-full-pass", "until-the-active-renewal", "check-not-created-yet",
+        "after-a-failure", "overdue"])
+def test_an_idle_controller_sleeps_until_its_next_duty_not_every_second(
+        now: float, full_at: float, active_at: float, retry: bool, wait: float) -> None:
+    assert idle_wait_s(now, full_at, 5.0, active_at, retry) == wait
