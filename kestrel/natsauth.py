@@ -17,7 +17,7 @@ JetStream is reached through its API subjects, granted per verb: a service may
 look up, create and update streams (each ensures the streams it uses at start),
 and create, read, pull from, acknowledge and reset its own durable consumer (by
 name: the meter cannot touch admission's consumer of the same stream) and
-ordered consumers of the runway stream; it never deletes or purges a stream, a
+ephemeral consumers of the runway stream; it never deletes or purges a stream, a
 message or a durable consumer. Replies come back on a
 per-user inbox prefix (`_INBOX_<user>`, set by kestrel.bus.connect), so one user
 cannot read another's replies. Pure data and text: no I/O.
@@ -52,17 +52,18 @@ def _streams_setup() -> tuple[str, ...]:
 
 def _consume(stream: str, durable: str = "") -> tuple[str, ...]:
     """Create, inspect, pull from, reset and acknowledge one durable consumer of
-    `stream`; or, without `durable`, the ephemeral ordered consumers of a last-value
-    stream (names chosen by the client, recreated on a gap, so deleting them too)."""
+    `stream`; or, without `durable`, the ephemeral consumers of a last-value stream
+    (kestrel.runway: named by the server, pulled from, made again when lost, deleted
+    at stop)."""
     if durable:
         tail = f"{stream}.{durable}"
         verbs = [f"{JS}.CONSUMER.{verb}.{tail}" for verb in (
             "CREATE", "DURABLE.CREATE", "INFO", "MSG.NEXT", "RESET")]
         return (*verbs, f"{JS}.CONSUMER.CREATE.{tail}.>", f"$JS.ACK.{tail}.>")
     out: list[str] = []
-    for verb in ("CREATE", "INFO", "DELETE"):
+    for verb in ("CREATE", "INFO", "DELETE", "MSG.NEXT"):
         out += [f"{JS}.CONSUMER.{verb}.{stream}", f"{JS}.CONSUMER.{verb}.{stream}.>"]
-    return (*out, f"$JS.ACK.{stream}.>", f"$JS.FC.{stream}.>")
+    return (*out, f"$JS.ACK.{stream}.>")
 
 
 def _service(user: str, publishes: Sequence[str], subscribes: Sequence[str],

@@ -21,10 +21,10 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
 
-from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
+from nats.aio.client import Client as NATS
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from kestrel.bus import FETCH_RETRY_S, PULL_WAIT_S, Durable, Puller
 from kestrel.v1 import common_pb2, events_pb2
 
 __all__ = ["STREAM", "SUBJECTS", "Runways", "follow"]
@@ -35,6 +35,9 @@ STREAM = "KESTREL_RUNWAY"
 SUBJECTS = "kestrel.runway.>"
 
 Listener = Callable[[common_pb2.Runway], None]
+
+BATCH = 256  # runway messages a pull asks for (one per tenant at start)
+INACTIVE_S = 120.0  # a consumer nobody pulls from this long is removed by the server
 
 
 class Runways(Mapping[str, common_pb2.Runway]):
@@ -73,9 +76,20 @@ class Runways(Mapping[str, common_pb2.Runway]):
         return True
 
 
-async def follow(js: JetStreamContext, runways: Runways, stop: asyncio.Event,
+async def follow(nc: NATS, runways: Runways, stop: asyncio.Event,
                  ready: asyncio.Event | None = None, catch_up_s: float = 5.0) -> None:
-    """Keep `runways` current until `stop`; set `ready` once the backlog is read."""
+    """Keep `runways` current until `stop`; set `ready` once the backlog is read.
+
+    One ephemeral pull consumer of the stream (each tenant's last figure first, then
+    every new one; no acknowledgements), pulled with kestrel.bus.Puller: idle, one
+    long poll every PULL_EXPIRES_S. nats-py's ordered push consumer, used before,
+    woke its client every 0.25 s to check flow control (4 wake-ups a second of each
+    of admission, the placer and the autoscaler, idle or not) and took heartbeats
+    from the server. A consumer the server lost (a restart, or inactive longer than
+    INACTIVE_S while the connection was down) refuses the next pull: it is made
+    again, from each tenant's last figure, and `Runways.take` keeps only what is
+    newer than what it holds."""
+    js = nc.jetstream()
     try:
         state = (await js.stream_info(STREAM)).state
         last = state.last_seq if state.messages else 0
@@ -85,21 +99,62 @@ async def follow(js: JetStreamContext, runways: Runways, stop: asyncio.Event,
     if last == 0:
         caught_up.set()
 
-    async def on_msg(msg: Msg) -> None:
-        try:
-            runways.take(events_pb2.RunwayChanged.FromString(msg.data).runway)
-        except Exception:
-            log.error("undecodable runway message on %s", msg.subject)
-        if msg.metadata.sequence.stream >= last:
-            caught_up.set()
+    async def announce() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(caught_up.wait(), timeout=catch_up_s)
+        if ready is not None:
+            ready.set()
+        log.info("runway view: %d tenants", len(runways))
 
-    sub = await js.subscribe(SUBJECTS, cb=on_msg, ordered_consumer=True,
-                             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(caught_up.wait(), timeout=catch_up_s)
-    if ready is not None:
-        ready.set()
-    log.info("runway view: %d tenants", len(runways))
-    await stop.wait()
-    with contextlib.suppress(Exception):
-        await sub.unsubscribe()
+    announcing = asyncio.create_task(announce())
+    puller: Puller | None = None
+
+    async def halt_on_stop() -> None:
+        await stop.wait()
+        if puller is not None:
+            puller.halt()
+
+    halting = asyncio.create_task(halt_on_stop())
+    try:
+        while not stop.is_set():
+            try:
+                if puller is None:
+                    puller = await _open(nc)
+                    if stop.is_set():
+                        break
+                msgs = await puller.fetch(BATCH, timeout=PULL_WAIT_S)
+            except Exception as exc:  # NATS away, or the consumer lost: make it again
+                log.warning("runway view: pulling failed (%s); again in %.1fs", exc,
+                            FETCH_RETRY_S)
+                if puller is not None:
+                    await _close(nc, puller)
+                    puller = None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), FETCH_RETRY_S)
+                continue
+            for msg in msgs:
+                try:
+                    runways.take(events_pb2.RunwayChanged.FromString(msg.data).runway)
+                except Exception:
+                    log.error("undecodable runway message on %s", msg.subject)
+                if msg.metadata.sequence.stream >= last:
+                    caught_up.set()
+    finally:
+        halting.cancel()
+        announcing.cancel()
+        if puller is not None:
+            await _close(nc, puller)
+
+
+async def _open(nc: NATS) -> Puller:
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                            ack_policy=AckPolicy.NONE, filter_subject=SUBJECTS,
+                            inactive_threshold=INACTIVE_S, mem_storage=True, num_replicas=1)
+    info = await nc.jetstream().add_consumer(STREAM, config=config)
+    return await Puller.attach(nc, Durable(STREAM, SUBJECTS, info.name, BATCH))
+
+
+async def _close(nc: NATS, puller: Puller) -> None:
+    await puller.close()
+    with contextlib.suppress(Exception):  # gone already, or NATS away: it expires
+        await nc.jetstream().delete_consumer(STREAM, puller.durable.name)

@@ -124,7 +124,7 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
         log.info("runway admission check off (KESTREL_RUNWAY_CHECK empty or no kubeconfig)")
     runways = Runways()
     runways.listen(on_runway(reeval, controller.heard if controller is not None else None))
-    tasks = [asyncio.create_task(runway.follow(js, runways, stop), name="runway"),
+    tasks = [asyncio.create_task(runway.follow(nc, runways, stop), name="runway"),
              asyncio.create_task(follow_workloads(nc, admission, reeval, stop,
                                                   config.gather_s)),
              asyncio.create_task(every(10, stop, refresh_prices, "refreshing prices failed",

@@ -147,7 +147,7 @@ async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
     # Every tenant's last runway is known before the first decision.
-    tasks = [asyncio.create_task(runway.follow(js, runways, stop, runway_ready),
+    tasks = [asyncio.create_task(runway.follow(nc, runways, stop, runway_ready),
                                  name="runway")]
     await asyncio.wait([asyncio.create_task(runway_ready.wait()),
                         asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)

@@ -117,7 +117,7 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     runway_ready = asyncio.Event()
     runways = Runways()  # every tenant's runway, known before placement begins
     runways.listen(lambda r: placer.runways.__setitem__(r.tenant, runway_from_wire(r)))
-    tasks.append(asyncio.create_task(runway.follow(js, runways, stop, runway_ready),
+    tasks.append(asyncio.create_task(runway.follow(nc, runways, stop, runway_ready),
                                      name="runway"))
     # Serve once the runway of every tenant is known and every event implied by what
     # exists in Kubernetes is out; a SIGTERM meanwhile still stops the process.
