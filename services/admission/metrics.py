@@ -19,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from kestrel.jobs import JobState
+from services.admission.store import HELD_FOR_METRICS
 
 log = logging.getLogger("kestrel.admission")
 
@@ -80,8 +80,7 @@ class AdmissionMetrics:
         registry.register(self.held)
 
     async def read_held(self, pool: asyncpg.Pool, tenants: Iterable[str]) -> None:
-        rows = await pool.fetch("SELECT tenant, reason, created_us FROM jobs WHERE state = $1",
-                                int(JobState.HELD))
+        rows = await pool.fetch(HELD_FOR_METRICS)
         self.held.update((HeldJob(r["tenant"], held_reason(r["reason"]),
                                   r["created_us"] / 1e6) for r in rows), tenants)
 

@@ -21,6 +21,17 @@ from services.admission.domain import Decision, JobAsk, Policy, Verdict
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
+# The held jobs, read through the partial index jobs_held (WHERE state = 1). The state
+# is written into the text, not passed: asyncpg prepares each statement, and after
+# five runs Postgres may keep a generic plan, which cannot know that a parameter
+# `state = $2` matches the index's predicate, and scans the whole jobs table instead
+# (every job ever submitted; bench-jobs: 113 rows scanned a job, growing with history).
+HELD_OF_TENANT = (f"SELECT {JOB_COLS} FROM jobs WHERE tenant = $1 "
+                  f"AND state = {int(JobState.HELD)} ORDER BY priority DESC, seq")
+HELD_TENANTS = f"SELECT DISTINCT tenant FROM jobs WHERE state = {int(JobState.HELD)}"
+HELD_FOR_METRICS = (f"SELECT tenant, reason, created_us FROM jobs "
+                    f"WHERE state = {int(JobState.HELD)}")
+
 
 def _qualified(alias: str, cols: str) -> str:
     """`a, b` -> `j.a, j.b`: the columns of one table in a statement that joins it."""
@@ -275,14 +286,11 @@ class AdmissionStore:
         return {r["job_id"]: job_row(r) for r in rows}
 
     async def held(self, tenant: str) -> list[JobRow]:
-        rows = await self.pool.fetch(
-            f"SELECT {JOB_COLS} FROM jobs WHERE tenant = $1 AND state = $2 "
-            "ORDER BY priority DESC, seq", tenant, int(JobState.HELD))
+        rows = await self.pool.fetch(HELD_OF_TENANT, tenant)
         return [job_row(r) for r in rows]
 
     async def held_tenants(self) -> list[str]:
-        return [r["tenant"] for r in await self.pool.fetch(
-            "SELECT DISTINCT tenant FROM jobs WHERE state = $1", int(JobState.HELD))]
+        return [r["tenant"] for r in await self.pool.fetch(HELD_TENANTS)]
 
     async def admitted_not_placed(self) -> list[JobRow]:
         """Jobs the placer may not have heard of (it acknowledges by reporting QUEUED)."""
