@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -31,6 +32,7 @@ from services.placer.lifecycle import (
     requeue_due,
     time_us,
 )
+from services.placer.store import TenantQuota
 
 PRICES = {"gpu-h100": Decimal("0.001"), "gpu-a10": Decimal("0.0003")}
 BOTH = {"gpu-h100": 8, "gpu-a10": 8}
@@ -711,3 +713,49 @@ async def test_the_placer_tracks_jobs_without_a_workload_as_changes_arrive() -> 
     again["metadata"]["creationTimestamp"] = ts(50)
     await placer.observe_now("job", "ADDED", again)
     assert placer.unserved == {("kestrel-acme", "job-b"): us(50)}
+
+
+class TenantApplies:
+    """A Kube that records which tenant objects were applied, each call a little slow
+    (as an apiserver round trip is), so concurrent placements overlap."""
+
+    def __init__(self) -> None:
+        self.applied: list[str] = []
+
+    def _apply(self, what: str) -> None:
+        time.sleep(0.01)
+        self.applied.append(what)
+
+    def apply_namespace(self, body: dict[str, Any]) -> None:
+        self._apply("namespace")
+
+    def apply_cluster(self, plural: str, body: dict[str, Any]) -> None:
+        self._apply(plural)
+
+    def apply_local_queue(self, body: dict[str, Any]) -> None:
+        self._apply("localqueue")
+
+
+class Profiles:
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def profiles(self, tenants: list[str]) -> dict[str, TenantQuota]:
+        self.reads += 1
+        return {t: TenantQuota({"gpu-h100": 8}) for t in tenants}
+
+
+async def test_a_new_tenants_first_burst_of_placements_applies_its_queues_once() -> None:
+    """Twenty placements of a tenant the placer has not seen, at once (a fetched batch
+    is placed concurrently): its namespace and queues are applied once, not twenty
+    times; after its namespace vanished, the next burst applies them once again."""
+    kube, store = TenantApplies(), Profiles()
+    placer = Placer(cast(Any, kube), cast(Any, store), Recorder(), PlacerSettings())
+    quotas = await asyncio.gather(*(placer.tenant_quota("acme") for _ in range(20)))
+    assert {q.limit("gpu-h100") for q in quotas} == {8}
+    assert kube.applied == ["namespace", "clusterqueues", "localqueue"]
+    assert store.reads == 1
+
+    placer.tenants.pop("acme")  # what place() does when the namespace is gone (a 404)
+    await asyncio.gather(*(placer.tenant_quota("acme") for _ in range(20)))
+    assert kube.applied == ["namespace", "clusterqueues", "localqueue"] * 2
