@@ -65,10 +65,10 @@ demo: setup $(if $(findstring --keep,$(DEMO_ARGS)),console-deps console/.next/BU
 	$(PY) -m kestrel.demo $(DEMO_ARGS)
 
 bench-meter: setup ## Ledger ingestion and runway latency vs the bare pipeline of this machine
-	$(PY) bench/meter.py $(BENCH_ARGS)
+	$(PY) -m bench.meter $(BENCH_ARGS)
 
 bench-gateway: setup ## Submit rate and latency vs the gRPC ceiling of this machine
-	$(PY) bench/gateway.py $(BENCH_ARGS)
+	$(PY) -m bench.gateway $(BENCH_ARGS)
 
 bench-scale: setup ## Kestrel's CPU per job and decision p99 as the queue grows (250, 1,000, 4,000 waiting)
 	$(PY) -m bench.scale $(BENCH_ARGS)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -94,3 +96,51 @@ def spent(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, 
     """What each counter gained between two snapshots (new ones count whole)."""
     return {k: v - before.get(k, 0.0) for k, v in after.items()
             if v - before.get(k, 0.0) > 0.005}
+
+
+# --- the machine before a run ------------------------------------------------------------
+
+# Busy above this many cores before a run, the run's figures are not those of a quiet
+# machine. On this 2-core machine a Kubernetes control plane left up after bench-jobs,
+# still deleting its 1,000 Jobs, took bench-scale's decide p99 from 20-30 ms to 94-115
+# ms (2026-12-03): the same code, the same hour.
+BUSY_NOTE_CORES = 0.15
+
+
+def machine_busy(stat: Path = Path("/proc/stat")) -> float:
+    """CPU-seconds the whole machine has spent busy so far, all cores (the aggregate
+    `cpu` line: everything but idle and iowait)."""
+    fields = stat.read_text().splitlines()[0].split()[1:]
+    ticks = [int(f) for f in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return (sum(ticks[:8]) - idle) / TICK
+
+
+@dataclass(frozen=True)
+class Background:
+    """What the machine was doing in the seconds before a run."""
+
+    busy_cores: float  # CPU-seconds spent per second, the whole machine
+    by_component: dict[str, float]  # the same for each known component, in cores
+    cores: int
+
+    def note(self) -> str:
+        """One line for a bench's report: how busy, and a warning with the top spenders
+        when that is enough to move the figures."""
+        head = f"machine busy before the run: {self.busy_cores:.2f} of {self.cores} cores"
+        if self.busy_cores < BUSY_NOTE_CORES:
+            return head + " (quiet)"
+        top = sorted(self.by_component.items(), key=lambda kv: -kv[1])[:4]
+        who = ", ".join(f"{n} {c:.2f}" for n, c in top if c >= 0.01) or "no known component"
+        return (f"{head} ({who}): NOT a quiet machine, so these figures are not comparable "
+                f"with a quiet run; stop what runs (make cluster-down) and run again")
+
+
+def background(seconds: float = 3.0) -> Background:
+    """Measure the machine for `seconds` (sleeping) before a run."""
+    cpu0, busy0, t0 = take_cpu(), machine_busy(), time.monotonic()
+    time.sleep(seconds)
+    cpu1, busy1, wall = take_cpu(), machine_busy(), time.monotonic() - t0
+    return Background((busy1 - busy0) / wall,
+                      {n: v / wall for n, v in spent(cpu0, cpu1).items()},
+                      os.cpu_count() or 1)

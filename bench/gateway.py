@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.console import Console
 from rich.table import Table
 
+from bench import account
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
 from kestrel.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -116,6 +117,8 @@ async def run(clients: int, seconds: float, rate: float, tenants: int, keep: boo
     shutil.rmtree(root, ignore_errors=True)
     stack = Stack(root, durable=True)
     console.print(f"[bold]bench-gateway[/bold]: devstack in {root}")
+    quiet = await asyncio.to_thread(account.background)
+    console.print(f"  {quiet.note()}")
     await asyncio.to_thread(stack.up)
     ports, procs = submit_path(stack, root)
     try:
@@ -161,8 +164,13 @@ async def run(clients: int, seconds: float, rate: float, tenants: int, keep: boo
         console.print(f"(b) latency: open loop at {rate:.0f} submits/s (half the saturation "
                       f"rate) for {seconds:.0f}s")
         await asyncio.sleep(2)  # let the saturation backlog (runway re-reads) settle
+        busy0, t0 = account.machine_busy(), time.monotonic()
         lat, l_err = await open_loop(submit, rate, seconds)
-        console.print(f"    p50 {pct(lat, 0.5):.1f} ms, p99 {pct(lat, 0.99):.1f} ms")
+        # How loaded "half the saturation rate" left the machine: a submit costs more CPU
+        # at half load than at saturation (smaller batches), so it is not half the cores.
+        busy = (account.machine_busy() - busy0) / (time.monotonic() - t0)
+        console.print(f"    p50 {pct(lat, 0.5):.1f} ms, p99 {pct(lat, 0.99):.1f} ms; "
+                      f"{busy:.2f} of {quiet.cores} cores busy")
         for c in channels:
             await c.close()
 
@@ -192,9 +200,12 @@ async def run(clients: int, seconds: float, rate: float, tenants: int, keep: boo
     table.add_row("ratio (submits / trivial calls)", f"{ratio:.2f}", ">= 0.25")
     table.add_row(f"submit p50 / p99 at {rate:.0f}/s",
                   f"{pct(lat, 0.5):.1f} / {pct(lat, 0.99):.1f} ms", "p99 <= 50 ms")
+    table.add_row(f"cores busy at {rate:.0f}/s (client, services, stores)",
+                  f"{busy:.2f} of {quiet.cores}", "")
     table.add_row("jobs admitted / held", f"{states.get(2, 0):,} / {states.get(1, 0):,}", "")
     table.add_row("errors / double admits", f"{errors} / {double_admits}", "0 / 0")
     Console().print(table)
+    print(quiet.note())
     print(f"gateway: submits={submits} submit_per_s={submit_rate:.0f} "
           f"trivial_rpc_per_s={trivial_rate:.0f} ratio={ratio:.2f} "
           f"open_loop_per_s={rate:.0f} "

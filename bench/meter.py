@@ -30,6 +30,7 @@ import asyncpg
 from rich.console import Console
 from rich.table import Table
 
+from bench import account
 from kestrel import bus
 from kestrel.clock import now_us
 from kestrel.devstack import Stack, free_ports
@@ -132,6 +133,8 @@ async def run(n: int, tenants: int, batch: int, keep: bool) -> int:
     shutil.rmtree(root, ignore_errors=True)
     stack = Stack(root, durable=True)
     console.print(f"[bold]bench-meter[/bold]: devstack in {root}")
+    quiet = account.background()
+    console.print(f"  {quiet.note()}")
     stack.up()
     meter: ServiceProcess | None = None
     try:
@@ -217,6 +220,7 @@ async def run(n: int, tenants: int, batch: int, keep: bool) -> int:
     t.add_row("ledger exact / lost / duplicated", f"{exact} / {lost} / {duplicated}",
               "true / 0 / 0")
     Console().print(t)
+    print(quiet.note())
     print(f"meter: events={n} ingest_per_s={ingest:.0f} raw_pipeline_per_s={raw_rate:.0f} "
           f"ratio={ratio:.2f} raw_puller_per_s={puller_rate:.0f} "
           f"ratio_vs_puller={ingest / puller_rate:.2f} runway_p50_ms={pct(0.5):.1f} "

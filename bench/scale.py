@@ -48,6 +48,8 @@ async def run(depths: list[int], tenants: int, probe_rate: float, probe_s: float
     stack = Stack(root, durable=True)
     console.print(f"[bold]bench-scale[/bold]: depths {depths}, {tenants} tenants; devstack "
                   f"in {root}")
+    quiet = await asyncio.to_thread(account.background)
+    console.print(f"  {quiet.note()}")
     await asyncio.to_thread(stack.up)
     ports, procs = submit_path(stack, root)
     rows: list[tuple[int, float, float, float, int]] = []
@@ -124,6 +126,7 @@ async def run(depths: list[int], tenants: int, probe_rate: float, probe_s: float
         table.add_row(f"{depth:,}", f"{ms:.1f}", f"{p50:.1f} / {p99:.1f}", f"{n}")
     table.add_row("growth (deepest / shallowest)", f"{growth:.2f}", "target <= 1.2 (p99 < 50)", "")
     Console().print(table)
+    print(quiet.note())
     print(f"scale: depths={','.join(str(r[0]) for r in rows)} "
           f"cpu_ms_per_job={','.join(f'{r[1]:.1f}' for r in rows)} "
           f"decide_p99_ms={','.join(f'{r[3]:.1f}' for r in rows)} growth={growth:.2f}")

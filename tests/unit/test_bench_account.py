@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.account import component, kestrel_share, parse_api, spent, take_cpu
+from bench.account import (
+    Background,
+    component,
+    kestrel_share,
+    machine_busy,
+    parse_api,
+    spent,
+    take_cpu,
+)
 
 
 @pytest.mark.parametrize(("comm", "argv", "expected"), [
@@ -74,3 +82,28 @@ def test_kestrels_share_is_its_services_and_stores_not_kubernetes_or_the_bench()
            "etcd": 2.0, "bench.jobs": 16.0}
     assert kestrel_share(cpu) == 3.875
     assert kestrel_share({}) == 0.0
+
+
+def test_the_machine_is_busy_for_all_but_its_idle_and_iowait_ticks(tmp_path: Path) -> None:
+    tick = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text(f"cpu  {3 * tick} 0 {tick} {50 * tick} {7 * tick} 0 {tick} 0 0 0\n"
+                    f"cpu0 {tick} 0 0 0 0 0 0 0 0 0\n")
+    assert machine_busy(stat) == 5.0
+
+
+@pytest.mark.parametrize(("busy", "by", "expected"), [
+    (0.04, {"kestrel meter": 0.01},
+     "machine busy before the run: 0.04 of 2 cores (quiet)"),
+    (0.62, {"kube-apiserver": 0.31, "kueue": 0.09, "etcd": 0.12, "kwok": 0.004},
+     "machine busy before the run: 0.62 of 2 cores (kube-apiserver 0.31, etcd 0.12, "
+     "kueue 0.09): NOT a quiet machine, so these figures are not comparable with a quiet "
+     "run; stop what runs (make cluster-down) and run again"),
+    (0.30, {}, "machine busy before the run: 0.30 of 2 cores (no known component): NOT a "
+     "quiet machine, so these figures are not comparable with a quiet run; stop what runs "
+     "(make cluster-down) and run again"),
+])
+def test_a_bench_says_whether_the_machine_was_quiet_before_it_and_who_was_not(
+        busy: float, by: dict[str, float], expected: str) -> None:
+    assert Background(busy, by, 2).note() == expected
