@@ -47,6 +47,9 @@ class MeterConfig:
     batch: int
     gather_s: float
     default_prices: dict[str, Decimal]
+    # Every open hold is read again this often: what a missed message of admission's
+    # (plain NATS) left stale is right again after at most this long.
+    holds_resync_s: float = 30.0
 
     @classmethod
     def from_env(cls) -> MeterConfig:
@@ -67,6 +70,7 @@ class MeterConfig:
             batch=env_int("KESTREL_METER_BATCH", 1000),
             gather_s=env_float("KESTREL_METER_GATHER_S", 0.1),
             default_prices=prices,
+            holds_resync_s=env_float("KESTREL_METER_HOLDS_RESYNC_S", 30.0),
         )
 
 
@@ -78,33 +82,48 @@ HOLDLESS = frozenset({common_pb2.JOB_STATE_QUEUED, common_pb2.JOB_STATE_RUNNING,
 
 
 async def _follow_holds(nc: NATS, meter: Meter, stop: asyncio.Event) -> None:
-    """Admission's job state changes move reservations: re-read them per tenant,
-    coalesced (a burst of submissions costs one query per tenant per 50 ms)."""
-    dirty: set[str] = set()
+    """Admission's job state changes move holds: read again the holds of the jobs that
+    moved (a job's id is its hold's workload id), gathered for 50 ms, one index probe
+    each. A message that cannot be read has its whole tenant read again. The messages
+    go over plain NATS, so a reconnect (messages may have been missed meanwhile) reads
+    every hold again at the next one, and so does the periodic resync (run())."""
+    jobs: set[str] = set()
+    tenants: set[str] = set()
     wake = asyncio.Event()
 
     async def on_state(msg: Msg) -> None:
         try:
-            to = bus.parse(msg, events_pb2.JobStateChanged).to_state
-        except bus.Unusable:
-            to = common_pb2.JOB_STATE_UNSPECIFIED  # unreadable: re-read to be safe
-        if to in HOLDLESS:
+            change = bus.parse(msg, events_pb2.JobStateChanged)
+        except bus.Unusable:  # unreadable: its tenant's holds, all of them
+            tenants.add(msg.subject.rsplit(".", 1)[-1])
+            wake.set()
             return
-        dirty.add(msg.subject.rsplit(".", 1)[-1])
+        if change.to_state in HOLDLESS:
+            return
+        if change.job_id:
+            jobs.add(change.job_id)
+        else:
+            tenants.add(msg.subject.rsplit(".", 1)[-1])
         wake.set()
 
+    reconnects = nc.stats["reconnects"]
     sub = await nc.subscribe("kestrel.jobs.state.>", cb=on_state)
     try:
         while not stop.is_set():
             await wake.wait()
             wake.clear()
             await asyncio.sleep(0.05)
-            tenants = sorted(dirty)
-            dirty.clear()
+            moved, whole = sorted(jobs), sorted(tenants)
+            jobs.clear()
+            tenants.clear()
             try:
-                await meter.reservation_changed(tenants)
+                if nc.stats["reconnects"] != reconnects:
+                    reconnects = nc.stats["reconnects"]
+                    await meter.resync()
+                else:
+                    await meter.reservation_changed(whole, workloads=moved)
             except Exception:
-                log.exception("re-reading reservations failed")
+                log.exception("re-reading holds failed")
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
@@ -156,6 +175,9 @@ async def run(config: MeterConfig, stop: asyncio.Event) -> None:
     lag_task = asyncio.create_task(watch_consumers(
         js, consumer_pending_gauge(registry), [(STREAM, DURABLE)], stop), name="lag")
     holds_task = asyncio.create_task(_follow_holds(nc, meter, stop), name="holds")
+    resync_task = asyncio.create_task(every(
+        config.holds_resync_s, stop, meter.resync, "reading every hold again failed", log),
+        name="resync")
     log.info("meter serving gRPC on %s, metrics on %s:%d", server.address, config.host,
              config.metrics_port)
     try:
@@ -171,6 +193,6 @@ async def run(config: MeterConfig, stop: asyncio.Event) -> None:
         consumer.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(consumer_task, timeout=10)
-        for t in (tick_task, lag_task, holds_task):
+        for t in (tick_task, lag_task, holds_task, resync_task):
             t.cancel()
         await drain(server, [], task_timeout_s=0, http=http, nc=nc, pool=pool)

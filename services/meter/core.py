@@ -17,8 +17,15 @@ from decimal import Decimal
 
 from kestrel.clock import Clock, now_us
 from kestrel.errors import NotFound
-from kestrel.money import ZERO
-from services.meter.domain import Event, Reason, RunwayFigures, publish_reason, reserved
+from services.meter.domain import (
+    Allocation,
+    AllocStatus,
+    Event,
+    HoldBook,
+    Reason,
+    RunwayFigures,
+    publish_reason,
+)
 from services.meter.projection import Projection
 from services.meter.store import MeterStore
 
@@ -57,6 +64,7 @@ class Meter:
         self.observe_write = observe_write
         self.lock = asyncio.Lock()
         self.projection = Projection()
+        self.holds = HoldBook()
         self.prices: dict[str, tuple[Decimal, int]] = {}
         self.stats = MeterStats()
 
@@ -68,7 +76,7 @@ class Meter:
             totals = await self.store.totals()
             self.projection = Projection.load(totals, await self.store.open_allocations(),
                                               await self.store.open_costs())
-            await self._refresh_reserved(list(self.projection.accounts))
+            await self._read_all_holds()
             await self._publish(list(self.projection.accounts), Reason.STARTUP, force=True)
 
     def price_table(self) -> dict[str, Decimal]:
@@ -84,7 +92,7 @@ class Meter:
             t0 = time.perf_counter()
             result = await self.store.apply_batch(events, self.price_table(), self.clock())
             self.observe_write(time.perf_counter() - t0)
-            self.projection.set_allocations(result.outcome.allocations.values())
+            self._closed(result.outcome.allocations.values())
             self.projection.add_rows(result.rows)
             self.stats.events += result.new_events
             self.stats.duplicates += len(events) - result.new_events
@@ -97,7 +105,7 @@ class Meter:
             for wid in result.outcome.opened:
                 hints[result.outcome.allocations[wid].tenant] = Reason.ALLOCATION_OPENED
             if touched:
-                await self._refresh_reserved(sorted(touched))
+                self._recompute(touched)
                 await self._publish_each(sorted(touched), hints)
             return result.new_events
 
@@ -112,13 +120,13 @@ class Meter:
             t0 = time.perf_counter()
             outcome, rows = await self.store.apply_tick(opened, cut_to, f"tick-{cut_to}", now)
             self.observe_write(time.perf_counter() - t0)
-            self.projection.set_allocations(outcome.allocations.values())
+            self._closed(outcome.allocations.values())
             self.projection.add_rows(rows)
             self.stats.rows += len(rows)
             self.stats.ticks += 1
             tenants = sorted({r.row.tenant for r in rows})
             if tenants:
-                await self._refresh_reserved(tenants)
+                self._recompute(tenants)
                 await self._publish_each(tenants, {})
             return len(rows)
 
@@ -133,7 +141,7 @@ class Meter:
                                               kind="adjustment" if adjustment else "top_up")
             if applied:
                 self.projection.add_credits(tenant, amount)
-                await self._refresh_reserved([tenant])
+                self._recompute([tenant])
                 await self._publish([tenant], Reason.ADJUSTMENT if adjustment
                                     else Reason.TOP_UP, force=True)
             return self.projection.figures(tenant, self.clock()), applied
@@ -157,32 +165,67 @@ class Meter:
         async with self.lock:
             if tenant not in self.projection.accounts:
                 raise NotFound(f"tenant {tenant!r} has no account")
-            await self._refresh_reserved([tenant])
+            # Asked for (GetRunway): its holds as they are now, not as last announced.
+            self.holds.replace_tenants([tenant], await self.store.holds([tenant]))
+            self._recompute([tenant])
             return self.projection.figures(tenant, self.clock())
 
-    async def reservation_changed(self, tenants: Iterable[str]) -> None:
-        """Admission may have written or released a hold: re-read, and publish the
-        tenants whose reserved figure moved (each publish wakes admission's runway
-        check, which decides the tenant's Workloads again: one that says nothing new
-        is that work for nothing)."""
+    async def reservation_changed(self, tenants: Iterable[str] = (), *,
+                                  workloads: Iterable[str] = ()) -> None:
+        """Admission may have written or released holds: read again those of
+        `workloads` (admission's job changes name them; an index probe each), and all
+        of `tenants` (what a resync does), then publish the tenants whose reserved
+        figure moved (each publish wakes admission's runway check, which decides the
+        tenant's Workloads again: one that says nothing new is that work for nothing)."""
+        tenants, workloads = sorted(set(tenants)), sorted(set(workloads))
         async with self.lock:
-            known = sorted(t for t in tenants if t in self.projection.accounts)
-            await self._refresh_reserved(known)
+            touched = set(tenants)
+            if tenants:
+                self.holds.replace_tenants(tenants, await self.store.holds(tenants))
+            if workloads:
+                touched |= self.holds.replace_workloads(
+                    workloads, await self.store.holds(workloads=workloads))
+            known = sorted(t for t in touched if t in self.projection.accounts)
+            self._recompute(known)
             moved = [t for t in known
                      if (acc := self.projection.account(t)).published is None
                      or acc.published.reserved != acc.reserved]
             await self._publish(moved, Reason.RESERVATION, force=True)
 
+    async def resync(self) -> None:
+        """Read every open hold again: what a missed announcement of admission's left
+        stale is right again (the announcements go over plain NATS). Publishes the
+        tenants whose reserved figure moved."""
+        async with self.lock:
+            tenants = await self._read_all_holds()
+            moved = [t for t in tenants if (acc := self.projection.account(t)).published
+                     is not None and acc.published.reserved != acc.reserved]
+            await self._publish(moved, Reason.RESERVATION, force=True)
+
     # --- helpers (lock held) -------------------------------------------------
 
-    async def _refresh_reserved(self, tenants: list[str]) -> None:
-        if not tenants:
-            return
-        figures: dict[str, Decimal] = {}
-        for h in await self.store.holds(tenants):
-            figures.update(reserved((h,), self.projection.consumed(h.tenant)))
+    async def _read_all_holds(self) -> list[str]:
+        """Every open hold, read again; the tenants whose figure was recomputed."""
+        holds = await self.store.holds()
+        tenants = self.holds.tenants() | {h.tenant for h in holds}
+        self.holds.replace_tenants(tenants, holds)
+        known = sorted(self.projection.accounts)
+        self._recompute(known)
+        return known
+
+    def _closed(self, allocations: Iterable[Allocation]) -> None:
+        """A committed batch's allocations into the projection; a hold whose allocation
+        closed holds nothing from now on."""
+        allocations = list(allocations)
+        self.projection.set_allocations(allocations)
+        for a in allocations:
+            if a.status is AllocStatus.CLOSED:
+                self.holds.closed(a.workload_id)
+
+    def _recompute(self, tenants: Iterable[str]) -> None:
         for tenant in tenants:
-            self.projection.account(tenant).reserved = figures.get(tenant, ZERO)
+            acc = self.projection.account(tenant)
+            acc.reserved = self.holds.reserved(tenant, acc.consumed)
 
     async def _publish_each(self, tenants: list[str], hints: dict[str, Reason]) -> None:
         now = self.clock()

@@ -18,10 +18,10 @@ from services.meter.domain import (
     Allocation,
     AllocStatus,
     Event,
+    Hold,
     Outcome,
     Row,
     RowKind,
-    TenantHolds,
     apply_events,
     tick,
 )
@@ -104,33 +104,28 @@ class MeterStore:
         return Totals({t: c for t, (c, _) in credits.items()},
                       {t: n for t, (_, n) in credits.items()}, usage, int(seq), tenants)
 
-    async def holds(self, tenants: Sequence[str]) -> list[TenantHolds]:
-        """The tenants' open budget holds, from admission's `open_holds` view (admission
-        migration 0004), summed here where their allocation says what they hold: whole
-        when not metered yet or rolling (an endpoint replica's, while it runs), nothing
-        when closed (its cost is charged). Only the running ones come back one by one:
-        what they hold depends on their cost so far, which the meter's projection keeps.
-        (Summing the ledger per running hold here, on every refresh, was 1.8 ms a call
-        and the meter's dearest statement; one row per hold instead of a sum made a
-        tenant with a thousand queued jobs cost a thousand rows per refresh.) Before
-        admission has made its schema there is no hold anywhere."""
+    async def holds(self, tenants: Sequence[str] | None = None, *,
+                    workloads: Sequence[str] | None = None) -> list[Hold]:
+        """The open holds (admission's `open_holds` view, admission migration 0004) of
+        `tenants`, or of `workloads`, or all of them, less those whose allocation has
+        closed (they hold nothing: their cost is charged). The meter keeps them in
+        memory (domain.HoldBook) and reads a whole tenant's only at start-up and resync;
+        admission's job changes name the workloads to read again, one index probe each.
+        Before admission has made its schema there is no hold anywhere."""
         if not await self.published.exists("open_holds"):
             return []
-        rows = await self.pool.fetch("""
-            SELECT r.tenant,
-                   coalesce(sum(r.amount) FILTER (WHERE a.workload_id IS NULL OR r.rolling),
-                            0) AS whole,
-                   array_agg(r.workload_id) FILTER (WHERE a.workload_id IS NOT NULL
-                                                    AND NOT r.rolling) AS running_ids,
-                   array_agg(r.amount) FILTER (WHERE a.workload_id IS NOT NULL
-                                               AND NOT r.rolling) AS running_amounts
+        if workloads is not None:
+            where, arg = "r.workload_id = ANY($1::text[])", list(workloads)
+        elif tenants is not None:
+            where, arg = "r.tenant = ANY($1::text[])", list(tenants)
+        else:
+            where, arg = "$1::text[] IS NULL", None
+        rows = await self.pool.fetch(f"""
+            SELECT r.tenant, r.workload_id, r.amount, r.rolling
             FROM open_holds r LEFT JOIN allocations a ON a.workload_id = r.workload_id
-            WHERE r.tenant = ANY($1::text[]) AND (a.status IS NULL OR a.status <> $2)
-            GROUP BY r.tenant""", list(tenants), AllocStatus.CLOSED.value)
-        return [TenantHolds(r["tenant"], r["whole"],
-                            tuple(zip(r["running_ids"] or (), r["running_amounts"] or (),
-                                      strict=True)))
-                for r in rows]
+            WHERE {where} AND (a.status IS NULL OR a.status <> $2)""",
+            arg, AllocStatus.CLOSED.value)
+        return [Hold(r["tenant"], r["workload_id"], r["amount"], r["rolling"]) for r in rows]
 
     async def open_costs(self) -> dict[str, Decimal]:
         """Ledger cost so far of each open allocation (the projection's start)."""

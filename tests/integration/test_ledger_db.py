@@ -16,7 +16,7 @@ from kestrel.db import create_pool, migrate
 from kestrel.pgroles import OWNER_ROLE
 from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
 from services.meter.core import Meter, MeterSettings
-from services.meter.domain import Event, EventType, Reason, RunwayFigures, reserved
+from services.meter.domain import Event, EventType, HoldBook, Reason, RunwayFigures
 from services.meter.store import MIGRATIONS, MeterStore
 
 pytestmark = pytest.mark.integration
@@ -191,8 +191,17 @@ async def test_reserved_holds_what_open_reservations_have_not_yet_consumed(
                        T0)
     await pool.execute("INSERT INTO reservation_releases VALUES ('r5', 'cancelled', $1)", T0)
     # The meter's projection keeps each open allocation's cost; open_costs() is its start.
-    assert reserved(await store.holds(["holds", "nobody"]), await store.open_costs()) == {
-        "holds": Decimal("3.9")}
+    costs = await store.open_costs()
+    book = HoldBook()
+    book.replace_tenants(["holds", "nobody"], await store.holds(["holds", "nobody"]))
+    assert (book.reserved("holds", costs), book.reserved("nobody", costs)) == (
+        Decimal("3.9"), Decimal(0))
+    # Read all at once, or workload by workload (what admission's announcements make the
+    # meter do), the same holds: r4's allocation closed and r5 was released.
+    assert sorted(h.workload_id for h in await store.holds()) == ["w1", "w2", "w3", "w6",
+                                                                   "x1"]
+    assert sorted(h.workload_id for h in await store.holds(
+        workloads=["w1", "w4", "w5", "w6"])) == ["w1", "w6"]
 
 
 async def test_open_reservations_is_always_reservations_less_their_releases(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -13,14 +14,14 @@ from services.meter.domain import (
     Band,
     Event,
     EventType,
+    Hold,
+    HoldBook,
     Reason,
     RowKind,
     RunwayFigures,
-    TenantHolds,
     apply_events,
     band,
     publish_reason,
-    reserved,
     tick,
 )
 
@@ -180,17 +181,83 @@ def test_ticks_stop_at_the_bound_and_it_burns_nothing_past_it() -> None:
     assert burn_per_s([a])[1] == 2 and burn_per_s([done])[1] == 0
 
 
-@pytest.mark.parametrize(("whole", "running", "want"), [
-    ("1", [], "1"),                                    # not metered yet (or rolling)
-    ("0", [("w2", "1")], "0.9"),                       # 0.1 consumed: holds the rest
-    ("0", [("w3", "0.05")], "0"),                      # consumed past it: never below zero
-    ("0", [("w9", "1")], "1"),                         # running, nothing metered yet
-    ("1", [("w2", "1"), ("w3", "0.05")], "1.9"),       # summed per tenant
-], ids=["whole-holds-it-all", "running-holds-the-rest", "never-below-zero",
-        "running-nothing-consumed-yet", "summed-per-tenant"])
-def test_reserved_is_what_open_holds_have_not_consumed(
-        whole: str, running: list[tuple[str, str]], want: str) -> None:
-    consumed = {"w2": Decimal("0.1"), "w3": Decimal("0.1")}
-    holds = TenantHolds("acme", Decimal(whole),
-                        tuple((wid, Decimal(a)) for wid, a in running))
-    assert reserved([holds], consumed) == {"acme": Decimal(want)}
+CONSUMED = {"w2": Decimal("0.1"), "w3": Decimal("0.1"), "w6": Decimal("5")}
+
+
+def hold(wid: str, amount: str, rolling: bool = False, tenant: str = "acme") -> Hold:
+    return Hold(tenant, wid, Decimal(amount), rolling)
+
+
+@pytest.mark.parametrize(("holds", "want"), [
+    ([hold("w1", "1")], "1"),                               # not metered yet
+    ([hold("w2", "1")], "0.9"),                             # 0.1 consumed: holds the rest
+    ([hold("w3", "0.05")], "0"),                            # consumed past it: never below 0
+    ([hold("w6", "2", rolling=True)], "2"),                 # rolling: all of it while it runs
+    ([hold("w1", "1"), hold("w2", "1"), hold("w3", "0.05")], "1.9"),  # summed per tenant
+    ([hold("w2", "1"), hold("w2", "0.5")], "1.3"),          # two holds on one workload
+    ([hold("w1", "1"), hold("x1", "7", tenant="other")], "1"),  # another tenant's
+], ids=["not-metered-holds-it-all", "running-holds-the-rest", "never-below-zero",
+        "rolling-holds-it-all", "summed-per-tenant", "each-hold-on-its-own",
+        "tenants-apart"])
+def test_reserved_is_what_open_holds_have_not_consumed(holds: list[Hold], want: str) -> None:
+    book = HoldBook()
+    book.replace_tenants({"acme", "other"}, holds)
+    assert book.reserved("acme", CONSUMED) == Decimal(want)
+
+
+def test_the_hold_book_follows_holds_read_again_and_allocations_closed() -> None:
+    """A tenant read whole, then workloads read again one by one (a new hold, a released
+    one), then an allocation closed by the meter: each figure is what reading all of
+    the tenant's holds again would give."""
+    book = HoldBook()
+    book.replace_tenants({"acme", "other"}, [hold("w1", "1"), hold("w2", "1"),
+                                             hold("x1", "7", tenant="other")])
+    assert book.reserved("acme", CONSUMED) == Decimal("1.9")
+    # w4 was admitted (a new hold) and w1 finished (released): both read again.
+    assert book.replace_workloads(["w4", "w1"], [hold("w4", "0.25")]) == {"acme"}
+    assert book.reserved("acme", CONSUMED) == Decimal("1.15")
+    # w2's allocation closed: its cost is charged, the hold holds nothing.
+    assert book.closed("w2") == {"acme"}
+    assert book.reserved("acme", CONSUMED) == Decimal("0.25")
+    assert book.closed("w2") == set()  # twice is once
+    # A tenant read whole again replaces what was known of it, and only of it.
+    book.replace_tenants({"acme"}, [hold("w5", "3")])
+    assert book.reserved("acme", CONSUMED) == Decimal("3")
+    assert book.reserved("other", CONSUMED) == Decimal("7")
+    assert book.tenants() == {"acme", "other"}
+    book.replace_tenants({"other"}, [])
+    assert book.reserved("other", CONSUMED) == Decimal("0") and book.tenants() == {"acme"}
+
+
+def test_the_hold_book_agrees_with_summing_every_hold_after_any_mix_of_changes() -> None:
+    """Random holds come, go, and close, over three tenants and shared workloads:
+    after each change the kept figure equals the sum over every hold it holds."""
+    rng = random.Random(11)
+    book = HoldBook()
+    truth: dict[str, list[Hold]] = {}  # workload -> its open holds
+    tenants = ["a", "b", "c"]
+    consumed = {f"w{i}": Decimal(rng.randint(0, 300)) / 100 for i in range(0, 30, 3)}
+    for _ in range(400):
+        wid = f"w{rng.randrange(30)}"
+        roll = rng.random()
+        if roll < 0.5:  # admission wrote a hold: the workload is read again
+            truth.setdefault(wid, []).append(Hold(rng.choice(tenants), wid,
+                                                  Decimal(rng.randint(1, 400)) / 100,
+                                                  rng.random() < 0.2))
+            book.replace_workloads([wid], truth[wid])
+        elif roll < 0.75:  # released
+            truth.pop(wid, None)
+            book.replace_workloads([wid], [])
+        elif roll < 0.9:  # its allocation closed
+            truth.pop(wid, None)
+            book.closed(wid)
+        else:  # a tenant read whole
+            t = rng.choice(tenants)
+            book.replace_tenants([t], [h for hs in truth.values() for h in hs if h.tenant == t])
+        for t in tenants:
+            want = sum((h.amount if h.rolling else
+                        max(Decimal(0), h.amount - consumed.get(h.workload_id, Decimal(0)))
+                        for hs in truth.values() for h in hs if h.tenant == t), Decimal(0))
+            mine = {w: c for w, c in consumed.items()
+                    if any(h.tenant == t for h in truth.get(w, ()))}
+            assert book.reserved(t, mine) == want
