@@ -187,20 +187,14 @@ class Meter:
                     workloads, await self.store.holds(workloads=workloads))
             known = sorted(t for t in touched if t in self.projection.accounts)
             self._recompute(known)
-            moved = [t for t in known
-                     if (acc := self.projection.account(t)).published is None
-                     or acc.published.reserved != acc.reserved]
-            await self._publish(moved, Reason.RESERVATION, force=True)
+            await self._publish_reserved(known)
 
     async def resync(self) -> None:
         """Read every open hold again: what a missed announcement of admission's left
         stale is right again (the announcements go over plain NATS). Publishes the
         tenants whose reserved figure moved."""
         async with self.lock:
-            tenants = await self._read_all_holds()
-            moved = [t for t in tenants if (acc := self.projection.account(t)).published
-                     is not None and acc.published.reserved != acc.reserved]
-            await self._publish(moved, Reason.RESERVATION, force=True)
+            await self._publish_reserved(await self._read_all_holds())
 
     # --- helpers (lock held) -------------------------------------------------
 
@@ -226,6 +220,13 @@ class Meter:
         for tenant in tenants:
             acc = self.projection.account(tenant)
             acc.reserved = self.holds.reserved(tenant, acc.consumed)
+
+    async def _publish_reserved(self, tenants: list[str]) -> None:
+        """Publish those of `tenants` whose reserved figure moved since their last."""
+        await self._publish([t for t in tenants
+                             if (acc := self.projection.account(t)).published is None
+                             or acc.published.reserved != acc.reserved],
+                            Reason.RESERVATION, force=True)
 
     async def _publish_each(self, tenants: list[str], hints: dict[str, Reason]) -> None:
         now = self.clock()
