@@ -6,7 +6,13 @@ once when nothing is waiting (no added latency alone), and otherwise sends, as s
 one of its `max_in_flight` batches comes back, everything that arrived meanwhile, up to
 `max_batch` items and `max_bytes` of them (an item larger than that goes alone): the
 group commit of databases, applied to a call. How large batches get follows the load
-by itself; there is no timer to tune.
+by itself.
+
+With `patience_s`, a batch goes while another is out only once every batch out has
+been out that long: one call at a time while calls answer quickly, so that a batch
+carries everything that arrived meanwhile and the far side pays its per-call cost
+once; more calls (up to `max_in_flight`) when one is slow, so that one slow call (a
+tenant's lock held at admission) does not hold every later item behind it.
 
 Each caller gets its own item's result or exception. A caller that goes away (its RPC
 cancelled) before its item left takes the item out; once sent, the item is decided all
@@ -37,16 +43,22 @@ class _Entry(Generic[T, R]):
 
 class Batcher(Generic[T, R]):
     def __init__(self, send: Send[T, R], *, max_batch: int = 128, max_in_flight: int = 2,
+                 patience_s: float | None = None,
                  size: Callable[[T], int] = lambda item: 0, max_bytes: int = 0) -> None:
         if max_batch < 1 or max_in_flight < 1:
             raise ValueError("max_batch and max_in_flight must be at least 1")
+        if patience_s is not None and patience_s < 0:
+            raise ValueError("patience_s must not be negative")
         self.send = send
         self.max_batch = max_batch
         self.max_in_flight = max_in_flight
+        self.patience_s = patience_s
         self.size = size  # of an item, in bytes: with max_bytes > 0, bounds a batch
         self.max_bytes = max_bytes
         self.waiting: list[_Entry[T, R]] = []
         self.in_flight = 0
+        self._sent_at: list[float] = []  # loop time each batch out was sent at
+        self._patience: asyncio.TimerHandle | None = None  # pumps once patience runs out
         self._pump_soon = False
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -69,7 +81,15 @@ class Batcher(Generic[T, R]):
 
     def _pump(self) -> None:
         self._pump_soon = False
+        loop = asyncio.get_running_loop()
         while self.waiting and self.in_flight < self.max_in_flight:
+            if self.patience_s is not None and self._sent_at:
+                ready = max(self._sent_at) + self.patience_s
+                if loop.time() < ready:  # the batches out may yet answer: wait for them
+                    if self._patience is not None:
+                        self._patience.cancel()
+                    self._patience = loop.call_at(ready, self._pump)
+                    return
             n, total = 0, 0
             while n < min(self.max_batch, len(self.waiting)):
                 if self.max_bytes > 0:
@@ -79,11 +99,13 @@ class Batcher(Generic[T, R]):
                 n += 1
             batch, self.waiting = self.waiting[:n], self.waiting[n:]
             self.in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._send(batch))
+            sent_at = loop.time()
+            self._sent_at.append(sent_at)
+            task = loop.create_task(self._send(batch, sent_at))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, batch: list[_Entry[T, R]]) -> None:
+    async def _send(self, batch: list[_Entry[T, R]], sent_at: float) -> None:
         loop = asyncio.get_running_loop()
         try:
             timeout = max(e.deadline for e in batch) - loop.time()
@@ -107,4 +129,5 @@ class Batcher(Generic[T, R]):
                 if not e.future.done():
                     e.future.cancel()
             self.in_flight -= 1
+            self._sent_at.remove(sent_at)
             self._pump()

@@ -43,10 +43,15 @@ log = logging.getLogger("kestrel.gateway")
 
 FLAVORS_CACHE_S = 10.0
 # Submits go to admission in batches of those that arrived while earlier batches were
-# out (kestrel.batching). make bench-gateway, 64 clients (README, Benchmarks): one call
-# per submit 544 submits/s, ratio 0.17; 1 or 2 batches in flight 0.28-0.32, p99 at half
-# load 55-75 ms; 4 in flight 0.25-0.28, p99 39-63 ms (five runs); 8: 0.21-0.26.
+# out (kestrel.batching): one call at a time while admission answers within
+# ADMIT_PATIENCE_S, up to ADMIT_IN_FLIGHT when one is slower (a tenant's lock held),
+# so that one slow call does not hold every later submit behind it. make bench-gateway
+# (README, Benchmarks): 4 in flight without patience, ratio 0.21-0.25, p99 at half load
+# 77-134 ms (six runs); 1 in flight, 0.27-0.33 and 53-100 ms at a higher half-load rate
+# (six runs): the batches at half load grow from 1.3 submits to 6, and each costs
+# admission its call, snapshot and INSERT once.
 ADMIT_IN_FLIGHT = 4
+ADMIT_PATIENCE_S = 0.05
 ADMIT_BATCH = 128
 # Well inside what admission accepts in one call (kestrel.v1.Admission.AdmitBatch):
 # a job's spec may be a few hundred KiB, and the answer repeats each job.
@@ -92,6 +97,7 @@ class Gateway:
         self._flavors: tuple[float, set[str]] = (0.0, set())
         self.admits: Batcher[common_pb2.Job, common_pb2.Job] = Batcher(
             self._admit_batch, max_batch=ADMIT_BATCH, max_in_flight=ADMIT_IN_FLIGHT,
+            patience_s=ADMIT_PATIENCE_S,
             size=lambda job: job.ByteSize(), max_bytes=ADMIT_BATCH_BYTES)
 
     async def flavor_names(self) -> set[str]:

@@ -158,3 +158,42 @@ def test_a_batcher_needs_room_for_one_item_and_one_call() -> None:
         Batcher(send, max_batch=0)
     with pytest.raises(ValueError):
         Batcher(send, max_in_flight=0)
+
+
+async def test_with_patience_a_second_batch_waits_while_the_first_may_yet_answer() -> None:
+    b = Backend()
+    batcher: Batcher[object, object] = Batcher(b.send, max_in_flight=4, patience_s=60.0)
+    first = asyncio.ensure_future(batcher.call(1, 5.0))
+    await settle()
+    rest = [asyncio.ensure_future(batcher.call(i, 5.0)) for i in (2, 3)]
+    await settle()
+    assert b.batches == [[1]]  # room for three more calls, but the first is young
+    b.release.set()
+    assert [await f for f in (first, *rest)] == [10, 20, 30]
+    assert b.batches == [[1], [2, 3]]
+
+
+async def test_with_patience_a_slow_batch_lets_the_next_go_once_patience_runs_out() -> None:
+    b = Backend()
+    batcher: Batcher[object, object] = Batcher(b.send, max_in_flight=2, patience_s=0.05)
+    first = asyncio.ensure_future(batcher.call(1, 5.0))
+    await settle()
+    second = asyncio.ensure_future(batcher.call(2, 5.0))
+    await asyncio.sleep(0.01)
+    assert b.batches == [[1]]
+    await asyncio.sleep(0.08)
+    assert b.batches == [[1], [2]]  # the first is still out
+    third = asyncio.ensure_future(batcher.call(3, 5.0))
+    await asyncio.sleep(0.1)
+    assert b.batches == [[1], [2]]  # two out: max_in_flight holds it whatever their age
+    b.release.set()
+    assert [await f for f in (first, second, third)] == [10, 20, 30]
+    assert b.batches == [[1], [2], [3]]
+
+
+def test_patience_is_not_negative() -> None:
+    async def send(items: list[int], timeout_s: float) -> list[int]:
+        return items
+
+    with pytest.raises(ValueError):
+        Batcher(send, patience_s=-1.0)
