@@ -72,16 +72,18 @@ def _bad_request(err: grpc.aio.AioRpcError) -> list[str]:
     return fields
 
 
-async def _burst(plane: Plane, redis_url: str, calls: int,
-                 pause_ms: int) -> tuple[Counter[str], list[str]]:
-    """`calls` concurrent SubmitJob calls from two tenants (rate limits far above the
-    burst) while Redis is paused for `pause_ms`: every call holds its Redis connection
-    at once, as under real load. Returns the outcome per code and the calls that
-    answered anything but OK or a retryable refusal with RetryInfo."""
+async def _burst(plane: Plane, redis_url: str, calls: int, pause_ms: int,
+                 tenants: int = 2) -> tuple[Counter[str], list[str]]:
+    """`calls` concurrent SubmitJob calls from `tenants` tenants (rate limits far above
+    the burst) while Redis is paused for `pause_ms`: each tenant's rate-limit request
+    holds a Redis connection at once (a tenant's concurrent calls wait for one request
+    of theirs: services.gateway.ratelimit), as under real load. Returns the outcome per
+    code and the calls that answered anything but OK or a retryable refusal with
+    RetryInfo."""
     addr = plane.address("gateway")
     async with grpc.aio.insecure_channel(addr) as ch:
         stub = gateway_pb2_grpc.GatewayStub(ch)
-        secrets = [await _tenant(stub, "load-a"), await _tenant(stub, "load-b")]
+        secrets = [await _tenant(stub, f"load-{t}") for t in range(tenants)]
     clients = [kestrel.AsyncClient(addr, api_key=s, timeout_s=120) for s in secrets]
     for c in clients:  # warm the gateway's key caches and channels
         await c.submit_job(name="warm", gpus=1, max_duration_s=60, flavor="gpu-h100")
@@ -90,7 +92,7 @@ async def _burst(plane: Plane, redis_url: str, calls: int,
 
     async def submit(i: int) -> None:
         try:
-            await clients[i % 2].submit_job(name="load", gpus=1, max_duration_s=60,
+            await clients[i % len(clients)].submit_job(name="load", gpus=1, max_duration_s=60,
                                             flavor="gpu-h100")
             outcomes["OK"] += 1
         except KestrelError as err:
@@ -113,8 +115,9 @@ async def _burst(plane: Plane, redis_url: str, calls: int,
 
 async def test_concurrent_submits_beyond_a_tiny_redis_pool_are_refused_retryably(
         small_pool_plane: Plane, service_env: dict[str, str]) -> None:
+    # Eight tenants' requests against a pool of two connections.
     outcomes, wrong = await _burst(small_pool_plane, service_env["KESTREL_REDIS_URL"],
-                                   400, pause_ms=1000)
+                                   400, pause_ms=1000, tenants=8)
     assert not wrong, f"{outcomes}: {wrong[:3]}"
     assert outcomes["UNAVAILABLE"] > 0, outcomes  # the pool's bound was reached
 
