@@ -110,7 +110,7 @@ class Lease:
 
     def leased(self, taken: int, cost: int, now: float) -> None:
         """Redis gave `taken` tokens (>= cost) to a call that spends `cost`."""
-        self.tokens = taken - cost
+        self.tokens += taken - cost
         self.expires = now + LEASE_S
 
 
@@ -134,8 +134,9 @@ class RateLimiter:
 
     async def take(self, tenant: str, rate_per_s: float, burst: int, cost: int = 1) -> Verdict:
         lease = self.leases.setdefault(tenant, Lease())
-        lease.called(self.clock())
-        if lease.spend(cost, self.clock()):
+        now = self.clock()
+        lease.called(now)
+        if lease.spend(cost, now):
             return Verdict(True, 0.0)
         while (out := self._asking.get(tenant)) is not None:
             await asyncio.shield(out)  # another call's request may bring tokens for this one
