@@ -60,6 +60,30 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class SnapshotAsk:
+    """What one tenant's snapshot is asked with (AdmissionStore.snapshots)."""
+
+    tenant: str
+    after_seq: int
+    started: tuple[str, ...]
+    costs: bool
+
+
+def _snapshot_of(tenant: str, r: asyncpg.Record) -> Snapshot:
+    policy = None
+    if r["known"]:
+        # The most it may hold at once: its quota plus what it may borrow.
+        quota = {k: int(v) for k, v in json.loads(r["gpu_quota"]).items()}
+        for k, v in json.loads(r["gpu_borrow"]).items():
+            quota[k] = quota.get(k, 0) + int(v)
+        policy = Policy(tenant, quota, bool(r["suspended"]))
+    allocs = json.loads(r["allocs"])
+    closed = frozenset(wid for wid, is_closed, _ in allocs if is_closed)
+    consumed = {wid: Decimal(c) for wid, _, c in allocs if c is not None}
+    return Snapshot(policy, r["credits"], r["charged"], int(r["seq"]), closed, consumed)
+
+
+@dataclass(frozen=True)
 class Transition:
     """One job's move, made only from one of `allowed_from`."""
 
@@ -96,24 +120,27 @@ class AdmissionStore:
         closed and, with `costs`, each one's ledger cost so far: the meter's own
         meter_budget(), which reads its tables, with the gateway's tenant_policies, in
         one statement (one snapshot)."""
-        r = await self.pool.fetchrow("""
+        (snap,) = await self.snapshots([SnapshotAsk(tenant, after_seq, tuple(started), costs)])
+        return snap
+
+    async def snapshots(self, asks: Sequence[SnapshotAsk]) -> list[Snapshot]:
+        """snapshot() of several tenants (each at most once) in one statement: one round
+        trip, and one snapshot of the ledger for all of them. In the order asked."""
+        started = [(job_id, i) for i, a in enumerate(asks, 1) for job_id in a.started]
+        rows = await self.pool.fetch("""
             SELECT p.gpu_quota, p.gpu_borrow, p.suspended, (p.tenant IS NOT NULL) AS known,
                    b.credits, b.charged, b.seq, b.allocs
-            FROM meter_budget($1, $2, $3::text[], $4) b
-            LEFT JOIN tenant_policies p ON p.tenant = $1""", tenant, after_seq, list(started),
-            costs)
-        assert r is not None
-        policy = None
-        if r["known"]:
-            # The most it may hold at once: its quota plus what it may borrow.
-            quota = {k: int(v) for k, v in json.loads(r["gpu_quota"]).items()}
-            for k, v in json.loads(r["gpu_borrow"]).items():
-                quota[k] = quota.get(k, 0) + int(v)
-            policy = Policy(tenant, quota, bool(r["suspended"]))
-        allocs = json.loads(r["allocs"])
-        closed = frozenset(wid for wid, is_closed, _ in allocs if is_closed)
-        consumed = {wid: Decimal(c) for wid, _, c in allocs if c is not None}
-        return Snapshot(policy, r["credits"], r["charged"], int(r["seq"]), closed, consumed)
+            FROM unnest($1::text[], $2::bigint[], $3::boolean[])
+                   WITH ORDINALITY AS t(tenant, after_seq, costs, i)
+            CROSS JOIN LATERAL meter_budget(
+                t.tenant, t.after_seq,
+                ARRAY(SELECT s.job_id FROM unnest($4::text[], $5::bigint[]) AS s(job_id, i)
+                      WHERE s.i = t.i),
+                t.costs) b
+            LEFT JOIN tenant_policies p ON p.tenant = t.tenant
+            ORDER BY t.i""", [a.tenant for a in asks], [a.after_seq for a in asks],
+            [a.costs for a in asks], [j for j, _ in started], [i for _, i in started])
+        return [_snapshot_of(a.tenant, r) for a, r in zip(asks, rows, strict=True)]
 
     async def get(self, job_id: str) -> JobRow | None:
         r = await self.pool.fetchrow(f"SELECT {JOB_COLS} FROM jobs WHERE job_id = $1", job_id)
@@ -128,40 +155,48 @@ class AdmissionStore:
 
     async def insert(self, tenant: str, jobs: Sequence[NewJob], now_us: int
                      ) -> dict[str, JobRow]:
-        """Store a tenant's decided jobs, in order (their seq follows it), with each
-        one's first transition and, when admitted, its reservation. Returns the rows
-        stored, by job id: a job whose idempotency key or id was already used is
-        absent, and the caller reports that job instead.
+        """insert_many() of one tenant's jobs."""
+        (rows,) = await self.insert_many([(tenant, jobs)], now_us)
+        return rows
+
+    async def insert_many(self, groups: Sequence[tuple[str, Sequence[NewJob]]], now_us: int
+                          ) -> list[dict[str, JobRow]]:
+        """Store tenants' decided jobs, each tenant's in order (their seq follows the
+        order of `groups`, then of each group's jobs), with each one's first transition
+        and, when admitted, its reservation. Returns, for each group, the rows stored
+        by job id: a job whose idempotency key or id was already used is absent, and
+        the caller reports that job instead.
 
         One statement (so one round trip and one implicit transaction) for all of
         them, or nothing at all."""
         state = {Verdict.ADMITTED: JobState.ADMITTED, Verdict.HELD: JobState.HELD,
                  Verdict.REJECTED: JobState.REJECTED}
-        cols: list[list[object]] = [[] for _ in range(14)]
-        for j in jobs:
-            admitted = j.decision.verdict is Verdict.ADMITTED
-            for col, value in zip(cols, (
-                    j.ask.job_id, j.name, j.spec, j.ask.gpus, j.ask.priority,
-                    j.ask.max_duration_s, int(state[j.decision.verdict]), j.decision.reason,
-                    j.decision.reserved if admitted else 0, j.decision.priced_flavor, j.key,
-                    now_us if admitted else 0,
-                    now_us if j.decision.verdict is Verdict.REJECTED else 0,
-                    j.ask.rolling), strict=True):
-                col.append(value)
+        cols: list[list[object]] = [[] for _ in range(15)]
+        for tenant, jobs in groups:
+            for j in jobs:
+                admitted = j.decision.verdict is Verdict.ADMITTED
+                for col, value in zip(cols, (
+                        j.ask.job_id, j.name, j.spec, j.ask.gpus, j.ask.priority,
+                        j.ask.max_duration_s, int(state[j.decision.verdict]),
+                        j.decision.reason, j.decision.reserved if admitted else 0,
+                        j.decision.priced_flavor, j.key, now_us if admitted else 0,
+                        now_us if j.decision.verdict is Verdict.REJECTED else 0,
+                        j.ask.rolling, tenant), strict=True):
+                    col.append(value)
         rows = await self.pool.fetch(f"""
             WITH v AS (
               SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int[], $5::int[],
                                    $6::bigint[], $7::smallint[], $8::text[], $9::numeric[],
                                    $10::text[], $11::text[], $12::bigint[], $13::bigint[],
-                                   $14::boolean[])
+                                   $14::boolean[], $15::text[])
                 WITH ORDINALITY AS v(job_id, name, spec, gpus, priority, max_duration_s,
                                      state, reason, reserved, priced_flavor, idempotency_key,
-                                     admitted_us, finished_us, rolling, ord)),
+                                     admitted_us, finished_us, rolling, tenant, ord)),
             j AS (
               INSERT INTO jobs (job_id, tenant, name, spec, gpus, priority, max_duration_s,
                                 state, reason, reserved, priced_flavor, idempotency_key,
                                 created_us, admitted_us, finished_us)
-              SELECT job_id, $15, name, spec, gpus, priority, max_duration_s, state, reason,
+              SELECT job_id, tenant, name, spec, gpus, priority, max_duration_s, state, reason,
                      reserved, priced_flavor, idempotency_key, $16, admitted_us, finished_us
               FROM v ORDER BY ord
               ON CONFLICT DO NOTHING RETURNING {JOB_COLS}),
@@ -172,9 +207,13 @@ class AdmissionStore:
               INSERT INTO reservations (reservation_id, tenant, workload_id, amount, created_us,
                                         rolling)
               SELECT j.job_id, j.tenant, j.job_id, j.reserved, $16, v.rolling
-              FROM j JOIN v USING (job_id) WHERE j.state = {int(JobState.ADMITTED)})
-            SELECT * FROM j""", *cols, tenant, now_us)
-        return {r["job_id"]: job_row(r) for r in rows}
+              FROM j JOIN v USING (job_id, tenant) WHERE j.state = {int(JobState.ADMITTED)})
+            SELECT * FROM j""", *cols, now_us)
+        stored: dict[tuple[str, str], JobRow] = {(r["tenant"], r["job_id"]): job_row(r)
+                                                 for r in rows}
+        return [{j.ask.job_id: row for j in jobs
+                 if (row := stored.get((tenant, j.ask.job_id))) is not None}
+                for tenant, jobs in groups]
 
     async def admit_held(self, ask: JobAsk, d: Decision, now_us: int) -> JobRow | None:
         """HELD -> ADMITTED (or REJECTED) with its reservation; None if no longer HELD.

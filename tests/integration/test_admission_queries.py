@@ -5,6 +5,7 @@ ever submitted."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from decimal import Decimal
 
 import asyncpg
 import pytest
@@ -12,10 +13,14 @@ import pytest
 from kestrel.db import migrate
 from kestrel.jobs import JOB_COLS
 from kestrel.pgroles import OWNER_ROLE
+from services.admission.domain import Decision, JobAsk, JobState, Verdict
 from services.admission.store import (
     HELD_FOR_METRICS,
     HELD_OF_TENANT,
     HELD_TENANTS,
+    AdmissionStore,
+    NewJob,
+    SnapshotAsk,
 )
 from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
 from services.gateway.store import MIGRATIONS as GATEWAY_MIGRATIONS
@@ -64,3 +69,59 @@ async def test_the_state_passed_as_a_parameter_would_scan_every_job(
     plan = await _generic_plan(owner, f"SELECT {JOB_COLS} FROM jobs WHERE tenant = $1 "
                                "AND state = $2 ORDER BY priority DESC, seq", "('acme', 1)")
     assert "jobs_held" not in plan
+
+
+def _new_job(tenant: str, job_id: str, verdict: Verdict, key: str = "") -> NewJob:
+    ask = JobAsk(job_id, tenant, 1, "gpu-h100", 60, 0, 0)
+    reserved = Decimal("0.06") if verdict is Verdict.ADMITTED else Decimal(0)
+    return NewJob(ask, "j", b"", key, Decision(verdict, "why", reserved, "gpu-h100"))
+
+
+async def test_several_tenants_snapshots_in_one_statement_are_each_ones_own(
+        owner: asyncpg.Connection, role_dsn: Callable[[str], str]) -> None:
+    for tenant, credits in (("acme", "5"), ("beta", "7")):
+        await owner.execute("INSERT INTO tenants (tenant, created_us) VALUES ($1, 1)", tenant)
+        await owner.execute("INSERT INTO credits (tenant, top_up_id, amount, recorded_us) "
+                            "VALUES ($1, $2, $3::numeric, 1)", tenant, f"t-{tenant}", credits)
+        await owner.execute(
+            "INSERT INTO tenant_profiles (tenant, gpu_quota, rate_per_s, burst, created_us) "
+            "VALUES ($1, '{\"gpu-h100\": 2}', 1, 1, 1)", tenant)
+    pool = await asyncpg.create_pool(role_dsn("kestrel_admission"), min_size=1, max_size=2)
+    try:
+        store = AdmissionStore(pool)
+        asks = [SnapshotAsk("beta", 0, ("b-1",), True), SnapshotAsk("ghost", 0, (), False),
+                SnapshotAsk("acme", 0, (), True)]
+        together = await store.snapshots(asks)
+        alone = [await store.snapshot(a.tenant, a.after_seq, a.started, a.costs)
+                 for a in asks]
+    finally:
+        await pool.close()
+    assert together == alone
+    assert [s.credits for s in together] == [Decimal(7), Decimal(0), Decimal(5)]
+    assert together[1].policy is None and together[0].policy is not None
+
+
+async def test_several_tenants_jobs_in_one_insert_land_each_under_its_tenant(
+        owner: asyncpg.Connection, role_dsn: Callable[[str], str]) -> None:
+    pool = await asyncpg.create_pool(role_dsn("kestrel_admission"), min_size=1, max_size=2)
+    try:
+        store = AdmissionStore(pool)
+        (first,) = await store.insert_many([("acme", [_new_job("acme", "j-1", Verdict.HELD)])],
+                                           10)
+        out = await store.insert_many([
+            ("acme", [_new_job("acme", "j-2", Verdict.ADMITTED),
+                      _new_job("acme", "j-3", Verdict.REJECTED)]),
+            # j-1 is acme's already: absent from beta's answer, beta's other job stored.
+            ("beta", [_new_job("beta", "j-1", Verdict.ADMITTED),
+                      _new_job("beta", "j-4", Verdict.ADMITTED)])], 20)
+    finally:
+        await pool.close()
+    assert list(first) == ["j-1"]
+    assert [sorted(o) for o in out] == [["j-2", "j-3"], ["j-4"]]
+    rows = {r["job_id"]: (r["tenant"], r["state"]) for r in
+            await owner.fetch("SELECT job_id, tenant, state FROM jobs")}
+    assert rows == {"j-1": ("acme", JobState.HELD), "j-2": ("acme", JobState.ADMITTED),
+                    "j-3": ("acme", JobState.REJECTED), "j-4": ("beta", JobState.ADMITTED)}
+    held = {r["workload_id"]: r["tenant"] for r in
+            await owner.fetch("SELECT workload_id, tenant FROM reservations")}
+    assert held == {"j-2": "acme", "j-4": "beta"}

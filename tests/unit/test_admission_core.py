@@ -20,7 +20,7 @@ from kestrel.v1 import common_pb2
 from kestrel.workloads import EventType
 from services.admission.core import Admission, Outcome, Submission, WorkloadChange, waves
 from services.admission.domain import Decision, JobAsk, JobState, Policy, Verdict
-from services.admission.store import NewJob, Snapshot, Transition
+from services.admission.store import NewJob, Snapshot, SnapshotAsk, Transition
 
 PRICE = Decimal("0.001")  # per GPU-second: a 1-GPU, 100 s job reserves 0.1
 SPEC = common_pb2.JobSpec(name="train", gpus=1, flavor="gpu-h100",
@@ -37,6 +37,8 @@ class Store:
     released: list[str] = field(default_factory=list)
     interleave: bool = False  # let another decision run at each read and write
     statements: int = 0  # transition_many calls
+    snapshot_calls: list[list[str]] = field(default_factory=list)  # tenants, by statement
+    insert_calls: list[list[str]] = field(default_factory=list)
 
     async def prices(self) -> dict[str, Decimal]:
         return {"gpu-h100": PRICE}
@@ -55,6 +57,10 @@ class Store:
                         sum((r[3] for r in since), Decimal(0)),
                         max([after_seq, *(r[0] for r in since)]),
                         frozenset(j for j in started if j in self.closed), consumed)
+
+    async def snapshots(self, asks: Sequence[SnapshotAsk]) -> list[Snapshot]:
+        self.snapshot_calls.append([a.tenant for a in asks])
+        return [await self.snapshot(a.tenant, a.after_seq, a.started, a.costs) for a in asks]
 
     async def release(self, job_ids: Sequence[str], reason: str, now_us: int) -> None:
         for j in job_ids:
@@ -81,6 +87,11 @@ class Store:
             if row is not None:
                 stored[row.job_id] = row
         return stored
+
+    async def insert_many(self, groups: Sequence[tuple[str, Sequence[NewJob]]],
+                          now_us: int) -> list[dict[str, JobRow]]:
+        self.insert_calls.append([t for t, _ in groups])
+        return [await self.insert(t, jobs, now_us) for t, jobs in groups]
 
     def _insert_one(self, ask: JobAsk, spec: bytes, key: str, d: Decision,
                     now_us: int) -> JobRow | None:
@@ -449,3 +460,14 @@ async def test_a_restarted_admission_rebuilds_its_books_from_the_store() -> None
     assert list(b.books["acme"].held) == ["j2"]
     out = await b.admit(ask("j3"), "n", SPEC, "")
     assert out.decision.verdict is Verdict.HELD  # behind j2, and no room either
+
+
+async def test_the_tenants_of_one_batch_share_one_snapshot_and_one_insert_statement() -> None:
+    store = Store(credits={"acme": Decimal(1), "beta": Decimal(1), "gamma": Decimal(1)})
+    a, told = admission(store)
+    outs = await a.admit_many([sub("a1"), sub("b1", "beta"), sub("c1", "gamma"),
+                               sub("a2")])
+    assert all(isinstance(o, Outcome) for o in outs)
+    assert store.snapshot_calls == [["acme", "beta", "gamma"]]
+    assert store.insert_calls == [["acme", "beta", "gamma"]]
+    assert sorted(store.holds) == ["a1", "a2", "b1", "c1"]
