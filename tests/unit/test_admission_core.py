@@ -471,3 +471,4 @@ async def test_the_tenants_of_one_batch_share_one_snapshot_and_one_insert_statem
     assert store.snapshot_calls == [["acme", "beta", "gamma"]]
     assert store.insert_calls == [["acme", "beta", "gamma"]]
     assert sorted(store.holds) == ["a1", "a2", "b1", "c1"]
+    assert sorted(j for j, _, _ in told) == ["a1", "a2", "b1", "c1"]
