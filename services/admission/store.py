@@ -114,18 +114,12 @@ class AdmissionStore:
         rows = await self.pool.fetch("SELECT flavor, price_per_gpu_s FROM current_prices")
         return {r["flavor"]: r["price_per_gpu_s"] for r in rows}
 
-    async def snapshot(self, tenant: str, after_seq: int, started: Sequence[str],
-                       costs: bool = True) -> Snapshot:
-        """Credits, charges since `after_seq`, which `started` allocations the meter has
-        closed and, with `costs`, each one's ledger cost so far: the meter's own
-        meter_budget(), which reads its tables, with the gateway's tenant_policies, in
-        one statement (one snapshot)."""
-        (snap,) = await self.snapshots([SnapshotAsk(tenant, after_seq, tuple(started), costs)])
-        return snap
-
     async def snapshots(self, asks: Sequence[SnapshotAsk]) -> list[Snapshot]:
-        """snapshot() of several tenants (each at most once) in one statement: one round
-        trip, and one snapshot of the ledger for all of them. In the order asked."""
+        """For each tenant asked (each at most once), in the order asked: credits,
+        charges since its `after_seq`, which of its `started` allocations the meter has
+        closed and, with `costs`, each one's ledger cost so far. The meter's own
+        meter_budget(), which reads its tables, with the gateway's tenant_policies, in
+        one statement: one round trip, and one snapshot of the ledger for all."""
         started = [(job_id, i) for i, a in enumerate(asks, 1) for job_id in a.started]
         rows = await self.pool.fetch("""
             SELECT p.gpu_quota, p.gpu_borrow, p.suspended, (p.tenant IS NOT NULL) AS known,
@@ -152,12 +146,6 @@ class AdmissionStore:
             f"SELECT {JOB_COLS} FROM jobs WHERE tenant = $1 AND idempotency_key = ANY($2)",
             tenant, list(keys))
         return {r["idempotency_key"]: job_row(r) for r in rows}
-
-    async def insert(self, tenant: str, jobs: Sequence[NewJob], now_us: int
-                     ) -> dict[str, JobRow]:
-        """insert_many() of one tenant's jobs."""
-        (rows,) = await self.insert_many([(tenant, jobs)], now_us)
-        return rows
 
     async def insert_many(self, groups: Sequence[tuple[str, Sequence[NewJob]]], now_us: int
                           ) -> list[dict[str, JobRow]]:

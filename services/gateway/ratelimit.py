@@ -133,7 +133,9 @@ class RateLimiter:
         self._asking: dict[str, asyncio.Future[None]] = {}  # a lease request out
 
     async def take(self, tenant: str, rate_per_s: float, burst: int, cost: int = 1) -> Verdict:
-        lease = self.leases.setdefault(tenant, Lease())
+        lease = self.leases.get(tenant)
+        if lease is None:
+            lease = self.leases[tenant] = Lease()
         now = self.clock()
         lease.called(now)
         if lease.spend(cost, now):
