@@ -46,8 +46,8 @@ log = logging.getLogger("kestrel.admission.runway_check")
 
 # How long a busy Workload watch lets events gather before it reads them
 # (kestrel.kubewatch.bursts): a verdict waits at most this much longer, and only while
-# Workloads come faster than this.
-WATCH_LINGER_S = 0.05
+# Workloads come faster than this. 0.1 s, as the placer's watches (services.placer.kube).
+WATCH_LINGER_S = 0.1
 PATCH_CONCURRENCY = 4  # check verdicts written at once (and the client's pool size)
 
 
