@@ -41,7 +41,7 @@ DEFAULT_PRICES = "gpu-h100=0.001,gpu-a10=0.0003,cpu=0.00002"
 # the batch before was full: a backlog goes at once). A batch costs one transaction, one
 # round of acks and one runway recompute however many events it holds; at bench-jobs'
 # trickle (about 30 events a second) 0.5 s against 0.1 s took the meter from 4.6-5.2 to
-# 2.3-2.8 CPU-ms per job and Postgres from 3.3-4.1 to 1.8-2.1 (README, Benchmarks).
+# 2.3-2.8 CPU-ms per job and Postgres from 3.6-4.1 to 1.8-2.1 (README, Benchmarks).
 # A runway lags its ledger by at most this, half a tick.
 GATHER_S = 0.5
 

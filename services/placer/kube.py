@@ -34,7 +34,7 @@ Emit = Callable[[str, list[Change]], None]
 # How long a busy watch lets events gather before it reads them (kestrel.kubewatch):
 # the placer's events carry Kubernetes' own timestamps, so a later read moves no figure.
 # Each read is a thread wake-up and an observe pass that publishes what it derived;
-# 0.1 s against 0.05 s: the placer 7.1-8.0 against 9.1-9.2 CPU-ms per job in bench-jobs'
+# 0.1 s against 0.05 s: the placer 6.8-8.0 against 9.1-9.2 CPU-ms per job in bench-jobs'
 # plane (with admission's and the meter's longer gathers, README, Benchmarks).
 WATCH_LINGER_S = 0.1
 
