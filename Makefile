@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 include cluster/versions.env
 
 .PHONY: help setup proto proto-check buf-lint buf-breaking lint test test-unit \
-        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-scale bench-jobs bench-infer bench-autoscale soak chaos up down status grpcurl \
+        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-scale bench-jobs bench-infer bench-gpu bench-autoscale soak chaos up down status grpcurl \
         helm helm-check compose compose-check compose-up compose-down devstack-up devstack-down devstack-status clean sim-autoscale
 
 help: ## This list
@@ -75,6 +75,10 @@ bench-scale: setup ## Kestrel's CPU per job and decision p99 as the queue grows 
 
 bench-infer: setup ## Infer end to end (gateway -> Redis -> a worker replica) vs raw onnxruntime here
 	$(PY) -m bench.infer $(BENCH_ARGS)
+
+bench-gpu: setup ## The worker's model on a real GPU (torch, CUDA) vs the same machine's CPU; exits 2 without one
+	$(PY) -m bench.gpu prepare .run/bench-gpu
+	$(PY) -m bench.gpu run .run/bench-gpu
 
 bench-autoscale: setup ## The autoscaler on the real cluster: scale up/down, cold start, exhaustion
 	$(PY) -m bench.autoscale $(BENCH_ARGS)

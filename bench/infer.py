@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 import kestrel
+from bench.texts import sentences
 from kestrel import cluster
 from kestrel.devstack import Stack, port_map
 from kestrel.endpoints import units_of
@@ -43,21 +44,6 @@ TOKEN = "kso_bench-operator"
 OP = (("authorization", f"Bearer {TOKEN}"),)
 TEXTS_PER_REQUEST = 8
 ROUNDS = 3
-SUBJECTS = ["A man", "The girl", "A chef", "Two dogs", "An old woman", "The pilot", "A child",
-            "The team"]
-VERBS = ["is eating", "is carrying", "is painting", "watches", "is repairing", "buys",
-         "is reading about", "photographs"]
-OBJECTS = ["a piece of bread", "a baby", "the fence", "the sunset over the harbour",
-           "a bicycle", "fresh vegetables", "the history of trains", "a red kite"]
-
-
-def sentences(n: int, offset: int = 0) -> list[str]:
-    """Short texts (9-14 word pieces), all different."""
-    out = []
-    for i in range(offset, offset + n):
-        out.append(f"{SUBJECTS[i % 8]} {VERBS[(i // 8) % 8]} {OBJECTS[(i // 64) % 8]} "
-                   f"on day {i}.")
-    return out
 
 
 def pct(values: list[float], p: float) -> float:
