@@ -128,7 +128,7 @@ async def _follow_holds(nc: NATS, meter: Meter, stop: asyncio.Event) -> None:
             try:
                 if nc.stats["reconnects"] != reconnects:
                     reconnects = nc.stats["reconnects"]
-                    await meter.resync()
+                    await meter.resync(full=True)
                 else:
                     await meter.reservation_changed(whole, workloads=moved)
             except Exception:
@@ -158,6 +158,7 @@ async def run(config: MeterConfig, stop: asyncio.Event) -> None:
     meter = Meter(store, publish, config.settings)
     metrics = MeterMetrics(meter, registry)
     meter.observe_write = metrics.write_latency.observe
+    meter.on_stale = metrics.resync_stale.inc
     await meter.start()
     for flavor, price in config.default_prices.items():
         if flavor not in meter.prices:

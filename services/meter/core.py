@@ -17,6 +17,7 @@ from decimal import Decimal
 
 from kestrel.clock import Clock, now_us
 from kestrel.errors import NotFound
+from kestrel.money import ZERO
 from services.meter.domain import (
     Allocation,
     AllocStatus,
@@ -56,12 +57,14 @@ class MeterStats:
 class Meter:
     def __init__(self, store: MeterStore, publish: Publisher, settings: MeterSettings,
                  clock: Clock = now_us,
-                 observe_write: Callable[[float], None] = lambda s: None) -> None:
+                 observe_write: Callable[[float], None] = lambda s: None,
+                 on_stale: Callable[[int], None] = lambda n: None) -> None:
         self.store = store
         self.publish = publish
         self.settings = settings
         self.clock = clock
         self.observe_write = observe_write
+        self.on_stale = on_stale  # tenants a resync found stale, read again
         self.lock = asyncio.Lock()
         self.projection = Projection()
         self.holds = HoldBook()
@@ -189,12 +192,32 @@ class Meter:
             self._recompute(known)
             await self._publish_reserved(known)
 
-    async def resync(self) -> None:
-        """Read every open hold again: what a missed announcement of admission's left
-        stale is right again (the announcements go over plain NATS). Publishes the
-        tenants whose reserved figure moved."""
+    async def resync(self, *, full: bool = False) -> None:
+        """Read open holds again: what a missed announcement of admission's left stale
+        is right again (the announcements go over plain NATS). Publishes the tenants
+        whose reserved figure moved.
+
+        Only the tenants whose holds in Postgres differ in number or in sum from those
+        in memory are read whole (one aggregate query says which); `full` reads every
+        hold, as after a reconnect, when messages were surely missed. Reading every
+        hold, with the meter's lock held, cost the meter 16 ms of CPU at 4,000 open
+        holds over 8 tenants, 81-91 ms at 16,000 and 528 ms at 64,000; the check costs
+        it 0.3-0.6 ms, and Postgres 1.5, 3.8 and 19.6 ms of wall time for the aggregate.
+        It misses only a hold gone and another of the same amount come for the same
+        tenant, both unannounced, within one period."""
         async with self.lock:
-            await self._publish_reserved(await self._read_all_holds())
+            if full:
+                await self._publish_reserved(await self._read_all_holds())
+                return
+            sums = await self.store.hold_sums()
+            stale = sorted(t for t in self.holds.tenants() | sums.keys()
+                           if self.holds.summary(t) != sums.get(t, (0, ZERO)))
+            if stale:
+                self.holds.replace_tenants(stale, await self.store.holds(stale))
+                self.on_stale(len(stale))
+            known = sorted(self.projection.accounts)
+            self._recompute(known)
+            await self._publish_reserved(known)
 
     # --- helpers (lock held) -------------------------------------------------
 

@@ -309,6 +309,7 @@ class HoldBook:
         self._by_workload: dict[str, tuple[Hold, ...]] = {}
         self._workloads_of: dict[str, set[str]] = {}  # tenant -> workload ids
         self._total: dict[str, Decimal] = {}  # tenant -> sum of its holds' amounts
+        self._count: dict[str, int] = {}  # tenant -> how many holds it has
 
     def _add(self, holds: Sequence[Hold]) -> None:
         wid = holds[0].workload_id
@@ -316,6 +317,7 @@ class HoldBook:
         for h in holds:
             self._workloads_of.setdefault(h.tenant, set()).add(wid)
             self._total[h.tenant] = self._total.get(h.tenant, ZERO) + h.amount
+            self._count[h.tenant] = self._count.get(h.tenant, 0) + 1
 
     def _drop(self, wid: str, keep: Callable[[Hold], bool] = lambda h: False) -> set[str]:
         """Drop the holds of `wid` (those `keep` does not keep); the tenants touched."""
@@ -329,6 +331,7 @@ class HoldBook:
                 continue
             touched.add(h.tenant)
             self._total[h.tenant] -= h.amount
+            self._count[h.tenant] -= 1
         for t in touched:
             if not any(h.tenant == t for h in kept):
                 self._workloads_of[t].discard(wid)
@@ -348,6 +351,7 @@ class HoldBook:
             for wid in list(self._workloads_of.get(t, ())):
                 self._drop(wid, keep=lambda h: h.tenant not in tenants)
             self._total[t] = ZERO
+            self._count[t] = 0
         for group in self._grouped(h for h in holds if h.tenant in tenants).values():
             self._add(group)
 
@@ -369,6 +373,11 @@ class HoldBook:
 
     def tenants(self) -> set[str]:
         return {t for t, wids in self._workloads_of.items() if wids}
+
+    def summary(self, tenant: str) -> tuple[int, Decimal]:
+        """How many holds `tenant` has and the sum of their amounts: what the meter's
+        resync compares with the same two figures in Postgres (MeterStore.hold_sums)."""
+        return self._count.get(tenant, 0), self._total.get(tenant, ZERO)
 
     def reserved(self, tenant: str, consumed: Mapping[str, Decimal]) -> Decimal:
         """The unconsumed part of `tenant`'s holds; `consumed`: the ledger cost so far of

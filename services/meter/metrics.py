@@ -81,3 +81,8 @@ class MeterMetrics:
                                registry=registry)
         self.ticks = Counter("kestrel_meter_ticks_total", "Ticks completed",
                              registry=registry)
+        self.resync_stale = Counter(
+            "kestrel_meter_resync_stale_tenants_total",
+            "Tenants whose open holds a periodic resync found differing from the meter's "
+            "(an announcement of admission's was missed) and read again",
+            registry=registry)

@@ -68,6 +68,12 @@ class UsagePage:
     next_after: int | None
 
 
+# The open holds (admission's `open_holds` view, admission migration 0004) less those
+# whose allocation has closed: they hold nothing, their cost is charged.
+_HOLDING = f"""FROM open_holds r LEFT JOIN allocations a ON a.workload_id = r.workload_id
+            WHERE (a.status IS NULL OR a.status <> {AllocStatus.CLOSED.value})"""
+
+
 class MeterStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
@@ -122,10 +128,19 @@ class MeterStore:
             where, arg = "$1::text[] IS NULL", None
         rows = await self.pool.fetch(f"""
             SELECT r.tenant, r.workload_id, r.amount, r.rolling
-            FROM open_holds r LEFT JOIN allocations a ON a.workload_id = r.workload_id
-            WHERE {where} AND (a.status IS NULL OR a.status <> $2)""",
-            arg, AllocStatus.CLOSED.value)
+            {_HOLDING} AND {where}""", arg)
         return [Hold(r["tenant"], r["workload_id"], r["amount"], r["rolling"]) for r in rows]
+
+    async def hold_sums(self) -> dict[str, tuple[int, Decimal]]:
+        """Per tenant, how many open holds (as `holds` reads them) and the sum of their
+        amounts: one aggregate, so that a resync reads whole only the tenants whose
+        figures differ from the meter's (domain.HoldBook.summary)."""
+        if not await self.published.exists("open_holds"):
+            return {}
+        rows = await self.pool.fetch(f"""
+            SELECT r.tenant, count(*) AS n, sum(r.amount) AS amount
+            {_HOLDING} GROUP BY r.tenant""")
+        return {r["tenant"]: (int(r["n"]), r["amount"]) for r in rows}
 
     async def open_costs(self) -> dict[str, Decimal]:
         """Ledger cost so far of each open allocation (the projection's start)."""

@@ -10,6 +10,7 @@ Nothing here asks GetRunway, which would read the tenant's holds itself.
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from decimal import Decimal
 
@@ -23,6 +24,7 @@ from nats.js.client import JetStreamContext
 from kestrel import bus
 from kestrel.clock import now_us
 from kestrel.db import migrate
+from kestrel.devstack import free_port
 from kestrel.pgroles import OWNER_ROLE
 from kestrel.procs import ServiceProcess
 from kestrel.v1 import common_pb2, events_pb2, meter_pb2, meter_pb2_grpc
@@ -35,9 +37,10 @@ class Bench:
     """A meter process, admission's schema, and a tap on the tenant's runway changes
     made for a reservation (their `reserved` figure, in order)."""
 
-    def __init__(self, database: str, js: JetStreamContext) -> None:
+    def __init__(self, database: str, js: JetStreamContext, metrics_port: int) -> None:
         self.database = database
         self.js = js
+        self.metrics_port = metrics_port
         self.reserved: asyncio.Queue[str] = asyncio.Queue()
 
     async def on_runway(self, msg: Msg) -> None:
@@ -54,6 +57,15 @@ class Bench:
                                          time_us=now_us())
         await bus.publish(self.js, bus.subject_job_state("acme"), msg, f"state-{job_id}-{to}")
 
+    async def stale_tenants_read(self) -> float:
+        """The meter's kestrel_meter_resync_stale_tenants_total, from its /metrics."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+        for line in text.decode().splitlines():
+            if line.startswith("kestrel_meter_resync_stale_tenants_total "):
+                return float(line.split()[1])
+        raise AssertionError("kestrel_meter_resync_stale_tenants_total is not exported")
+
     async def sql(self, statement: str, *args: object) -> None:
         db = await asyncpg.connect(self.database)
         try:
@@ -69,7 +81,9 @@ async def bench_of(meter_factory: Callable[..., ServiceProcess], database: str,
     conns: list[NATS] = []
 
     async def make(resync_s: str) -> Bench:
-        meter = meter_factory(KESTREL_METER_HOLDS_RESYNC_S=resync_s).start()
+        metrics_port = free_port()
+        meter = meter_factory(KESTREL_METER_HOLDS_RESYNC_S=resync_s,
+                              KESTREL_METER_METRICS_PORT=str(metrics_port)).start()
         async with grpc.aio.insecure_channel(meter.grpc_address) as ch:
             await meter_pb2_grpc.MeterStub(ch).CreateAccount(
                 meter_pb2.CreateAccountRequest(tenant="acme", initial_credits="10"))
@@ -80,7 +94,7 @@ async def bench_of(meter_factory: Callable[..., ServiceProcess], database: str,
             await owner.close()
         nc = await bus.connect(clean_bus, "test-meter-holds")
         conns.append(nc)
-        b = Bench(database, nc.jetstream())
+        b = Bench(database, nc.jetstream(), metrics_port)
         await nc.subscribe("kestrel.runway.acme", cb=b.on_runway)
         await nc.flush()
         return b
@@ -111,3 +125,29 @@ async def test_a_hold_nobody_announced_shows_at_the_next_resync(
     await b.sql("INSERT INTO reservations VALUES ('job-2', 'acme', 'job-2', $1, $2)",
                 Decimal("3"), now_us())
     assert await b.next_reserved() == "3"
+    assert await b.stale_tenants_read() >= 1
+    # Released, unannounced too: the resync's per-tenant count and sum no longer agree
+    # with the meter's, so it reads the tenant again.
+    await b.sql("INSERT INTO reservation_releases VALUES ('job-2', 'done', $1)", now_us())
+    assert await b.next_reserved() == "0"
+
+
+async def test_a_resync_that_finds_nothing_changed_publishes_nothing(
+        bench_of: Callable[[str], Awaitable[Bench]]) -> None:
+    """Holds the meter was told of: each resync's per-tenant count and sum agree, so
+    no tenant is read whole and nothing is published again; an unannounced change
+    still shows at the next one."""
+    b = await bench_of("0.2")
+    await b.sql("INSERT INTO reservations VALUES ('job-3', 'acme', 'job-3', $1, $2)",
+                Decimal("4"), now_us())
+    await b.announce("job-3", common_pb2.JOB_STATE_ADMITTED)
+    assert await b.next_reserved() == "4"
+    # A resync may have come between the insert and the announcement, and read the
+    # tenant itself: count from here.
+    before = await b.stale_tenants_read()
+    await asyncio.sleep(1.5)  # seven resyncs
+    assert b.reserved.empty()
+    assert await b.stale_tenants_read() == before  # none read whole: the figures agreed
+    await b.sql("INSERT INTO reservations VALUES ('job-4', 'acme', 'job-4', $1, $2)",
+                Decimal("0.5"), now_us())
+    assert await b.next_reserved() == "4.5"

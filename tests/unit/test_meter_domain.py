@@ -261,3 +261,6 @@ def test_the_hold_book_agrees_with_summing_every_hold_after_any_mix_of_changes()
             mine = {w: c for w, c in consumed.items()
                     if any(h.tenant == t for h in truth.get(w, ()))}
             assert book.reserved(t, mine) == want
+            theirs = [h for hs in truth.values() for h in hs if h.tenant == t]
+            assert book.summary(t) == (len(theirs), sum((h.amount for h in theirs),
+                                                        Decimal(0)))
