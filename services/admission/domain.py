@@ -126,6 +126,10 @@ def price_job(job: JobAsk, policy: Policy, prices: Mapping[str, Decimal],
     return flavor, prices[flavor] * job.gpus * job.max_duration_s
 
 
+# The words of a HELD reason that say the job waits behind another held job rather than
+# for budget (admission's metrics count the two kinds apart: services.admission.metrics).
+QUEUED_BEHIND = "waiting behind held jobs"
+
 def decide(job: JobAsk, policy: Policy, budget: Budget, prices: Mapping[str, Decimal],
            max_node_gpus: int, queue_ahead: bool) -> Decision:
     """ADMITTED, HELD or REJECTED, with a reason a person can read.
@@ -145,7 +149,7 @@ def decide(job: JobAsk, policy: Policy, budget: Budget, prices: Mapping[str, Dec
         return Decision(Verdict.REJECTED, f"{need}, more than the whole budget of "
                                           f"{fmt(budget.credits)}", cost, flavor)
     if queue_ahead:
-        return Decision(Verdict.HELD, f"{need}; waiting behind held jobs of equal or "
+        return Decision(Verdict.HELD, f"{need}; {QUEUED_BEHIND} of equal or "
                                       "higher priority", cost, flavor)
     remaining = budget.remaining
     if cost > remaining:

@@ -17,7 +17,7 @@ import asyncpg
 
 from kestrel.db import migrate
 from kestrel.jobs import JOB_COLS, JobRow, JobState, job_row
-from services.admission.domain import Decision, JobAsk, Policy, Verdict
+from services.admission.domain import QUEUED_BEHIND, Decision, JobAsk, Policy, Verdict
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -29,8 +29,11 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 HELD_OF_TENANT = (f"SELECT {JOB_COLS} FROM jobs WHERE tenant = $1 "
                   f"AND state = {int(JobState.HELD)} ORDER BY priority DESC, seq")
 HELD_TENANTS = f"SELECT DISTINCT tenant FROM jobs WHERE state = {int(JobState.HELD)}"
-HELD_FOR_METRICS = (f"SELECT tenant, reason, created_us FROM jobs "
-                    f"WHERE state = {int(JobState.HELD)}")
+# Per tenant and kind of reason (behind: waiting behind another held job), how many
+# jobs are held and since when the oldest: a row per tenant and kind, however many wait.
+HELD_FOR_METRICS = (f"SELECT tenant, strpos(reason, '{QUEUED_BEHIND}') > 0 AS behind, "
+                    f"count(*) AS n, min(created_us) AS since_us FROM jobs "
+                    f"WHERE state = {int(JobState.HELD)} GROUP BY 1, 2")
 
 
 def _qualified(alias: str, cols: str) -> str:

@@ -9,11 +9,13 @@ from decimal import Decimal
 
 import asyncpg
 import pytest
+from prometheus_client import CollectorRegistry
 
 from kestrel.db import migrate
 from kestrel.jobs import JOB_COLS
 from kestrel.pgroles import OWNER_ROLE
-from services.admission.domain import Decision, JobAsk, JobState, Verdict
+from services.admission.domain import QUEUED_BEHIND, Decision, JobAsk, JobState, Verdict
+from services.admission.metrics import AdmissionMetrics, HeldCount
 from services.admission.store import (
     HELD_FOR_METRICS,
     HELD_OF_TENANT,
@@ -71,10 +73,11 @@ async def test_the_state_passed_as_a_parameter_would_scan_every_job(
     assert "jobs_held" not in plan
 
 
-def _new_job(tenant: str, job_id: str, verdict: Verdict, key: str = "") -> NewJob:
+def _new_job(tenant: str, job_id: str, verdict: Verdict, key: str = "",
+             reason: str = "why") -> NewJob:
     ask = JobAsk(job_id, tenant, 1, "gpu-h100", 60, 0, 0)
     reserved = Decimal("0.06") if verdict is Verdict.ADMITTED else Decimal(0)
-    return NewJob(ask, "j", b"", key, Decision(verdict, "why", reserved, "gpu-h100"))
+    return NewJob(ask, "j", b"", key, Decision(verdict, reason, reserved, "gpu-h100"))
 
 
 async def test_several_tenants_snapshots_in_one_statement_are_each_ones_own(
@@ -124,3 +127,28 @@ async def test_several_tenants_jobs_in_one_insert_land_each_under_its_tenant(
     held = {r["workload_id"]: r["tenant"] for r in
             await owner.fetch("SELECT workload_id, tenant FROM reservations")}
     assert held == {"j-2": "acme", "j-4": "beta"}
+
+
+async def test_held_jobs_are_counted_per_tenant_and_kind_of_reason_in_postgres(
+        owner: asyncpg.Connection, role_dsn: Callable[[str], str]) -> None:
+    """The metrics read one row per tenant and kind: the counts, and since when the
+    oldest of each has waited, from every held job and no other."""
+    budget, behind = "needs 0.06 credits, 0 remain; held", f"needs 0.06; {QUEUED_BEHIND} ..."
+    pool = await asyncpg.create_pool(role_dsn("kestrel_admission"), min_size=1, max_size=2)
+    try:
+        store = AdmissionStore(pool)
+        await store.insert_many([("acme", [_new_job("acme", "a-1", Verdict.HELD, reason=budget),
+                                           _new_job("acme", "a-2", Verdict.ADMITTED)])],
+                                1_000_000)
+        await store.insert_many([("acme", [_new_job("acme", "a-3", Verdict.HELD, reason=behind),
+                                           _new_job("acme", "a-4", Verdict.HELD, reason=behind)]),
+                                 ("beta", [_new_job("beta", "b-1", Verdict.HELD, reason=behind)])],
+                                3_000_000)
+        metrics = AdmissionMetrics(CollectorRegistry())
+        await metrics.read_held(pool, ["idle"])
+    finally:
+        await pool.close()
+    got = sorted(metrics.held.held, key=lambda h: (h.tenant, h.reason))
+    assert got == [HeldCount("acme", "budget", 1, 1.0), HeldCount("acme", "queue", 2, 3.0),
+                   HeldCount("beta", "queue", 1, 3.0)]
+    assert metrics.held.tenants == {"acme", "beta", "idle"}
