@@ -130,6 +130,7 @@ def price_job(job: JobAsk, policy: Policy, prices: Mapping[str, Decimal],
 # for budget (admission's metrics count the two kinds apart: services.admission.metrics).
 QUEUED_BEHIND = "waiting behind held jobs"
 
+
 def decide(job: JobAsk, policy: Policy, budget: Budget, prices: Mapping[str, Decimal],
            max_node_gpus: int, queue_ahead: bool) -> Decision:
     """ADMITTED, HELD or REJECTED, with a reason a person can read.
