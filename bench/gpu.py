@@ -44,7 +44,7 @@ import struct
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -148,10 +148,10 @@ class TorchEmbedder:
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing:
             raise RuntimeError(f"weights missing from the carried model: {missing}")
-        self.ignored = [k for k in unexpected if not k.startswith("pooler.")
-                        and k != "embeddings.position_ids"]
-        if self.ignored:
-            raise RuntimeError(f"carried weights the model does not use: {self.ignored}")
+        ignored = [k for k in unexpected if not k.startswith("pooler.")
+                   and k != "embeddings.position_ids"]
+        if ignored:
+            raise RuntimeError(f"carried weights the model does not use: {ignored}")
         self.model = model.to(device=device, dtype=dtype).eval()
         self.tokenizer = Tokenizer.from_file(str(d / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length=MAX_INPUT_TOKENS)
@@ -172,7 +172,13 @@ class TorchEmbedder:
         return vectors.cpu().numpy()  # to the host, as a reply needs it
 
 
-def rate_at(e: Any, batch: int, seconds: float) -> tuple[float, list[float]]:
+class Embeds(Protocol):
+    """Either embedder: the worker's onnxruntime one or TorchEmbedder."""
+
+    def embed(self, texts: list[str]) -> Any: ...
+
+
+def rate_at(e: Embeds, batch: int, seconds: float) -> tuple[float, list[float]]:
     """Embeddings/s at one batch size, and each batch's wall time in ms (tokenise, copy,
     run, pool, back to the host: what a replica does per request)."""
     t0 = time.perf_counter()

@@ -278,8 +278,8 @@ def test_a_second_apiserver_answers_while_the_first_is_dead(cluster_up: kc.Clust
         # A connection caught in the dying one's accept queue is reset (seen once, in
         # the instant after the kill); from then on the replica answers every one.
         # 90 s: a fresh machine's CI run (cluster built from source minutes before, the
-        # suite loading both cores) once saw the replica not yet ready after 30 s; the
-        # test alone passed in 29 s.
+        # suite loading both cores) once saw the replica not yet ready after 30 s; run
+        # alone straight after, the whole test took 29 s.
         wait_for("the replica to answer", readyz, timeout_s=90)
         assert all(readyz() for _ in range(5))
         assert not kc.control_plane_alive()  # answered by the replica alone
