@@ -233,7 +233,7 @@ async def run(m: int, workers: int, keep: bool) -> int:
     console.print("(1b) straight to Kueue, behind an admission check that says Ready at once")
     before = snapshot()
     noop = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()), True,
-                                   functools.partial(bill, "no-op check", before))
+                                   functools.partial(bill, "no-op before", before))
     console.print(f"    {noop['rate']:.1f} admitted/s")
 
     root = REPO / ".run" / "bench-jobs"
@@ -284,12 +284,11 @@ async def run(m: int, workers: int, keep: bool) -> int:
         overrun = sum((max(Decimal(0), g - 30) for g in ledger.values()), Decimal(0))
         k8s_late = sum((max(Decimal(0), g - 30) for g in k8s.values()), Decimal(0))
 
-        # The no-op check once more, now on the far side of the plane. A cluster left up
-        # gets slower with each 1,000-job run (a bare-Kueue run: 12.5 admitted/s on a
-        # fresh cluster, 10.1 on the same cluster six runs later; etcd's CPU per write
-        # rose run by run within one bench-jobs), so a plane run that comes after the
-        # no-op run pays for that drift alone. With one no-op run on each side, the
-        # plane is set against their mean and the drift weighs on both sides alike.
+        # The no-op check once more, now on the far side of the plane. One phase's rate
+        # moves about 15 % from run to run on this machine, either way (no-op runs of
+        # one bench-jobs: 8.7 before the plane and 7.4 after; in another 7.7 and 9.7), and
+        # a cluster left up can slow as runs pile up. Set against the mean of one run
+        # on each side, the plane meets a steadier yardstick than one run before it.
         for p in procs:
             p.stop()
         if not keep:  # the plane's Jobs are gone before it starts, as the first one's were
@@ -334,7 +333,7 @@ async def run(m: int, workers: int, keep: bool) -> int:
               f"{noop['rate']:.1f} / {noop_after['rate']:.1f} / {check_rate:.1f} "
               f"({check_rate / direct['rate']:.2f})", "what any check costs")
     t.add_row("through the plane admitted/s", f"{plane_rate:.1f}", "")
-    t.add_row("steady (20%-90%): direct / no-op check / plane",
+    t.add_row("steady (20%-90%): direct / no-op check (mean) / plane",
               f"{direct['steady_rate']:.1f} / {steady(check_steady)} / "
               f"{steady(plane_steady)}", "after the start-up burst")
     t.add_row("ratio (plane / Kueue direct)", f"{ratio:.2f}", "")
@@ -349,7 +348,7 @@ async def run(m: int, workers: int, keep: bool) -> int:
     t.add_row("overrun GPU-s / ledger exact", f"{overrun} / {exact}", "0 / true")
     t.add_row("Kubernetes past the bound (not billed)", f"{k8s_late} GPU-s", "")
     Console().print(t)
-    rates = {"direct": direct["rate"], "no-op check": noop["rate"], "plane": plane_rate,
+    rates = {"direct": direct["rate"], "no-op before": noop["rate"], "plane": plane_rate,
              "no-op after": noop_after["rate"]}
     Console().print(bill_table(bills, rates, m))
     print(f"jobs: n={m} plane_admit_per_s={plane_rate:.1f} "
