@@ -226,15 +226,18 @@ async def run(m: int, workers: int, keep: bool) -> int:
         bills[run] = Bill(account.spent(before.cpu, after.cpu),
                           account.spent(before.api, after.api))
 
-    before = snapshot()
-    direct = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()),
-                                     on_admitted=functools.partial(bill, "direct", before))
-    console.print(f"    {direct['rate']:.1f} admitted/s")
+    async def straight_to_kueue(run: str, noop_check: bool) -> dict[str, float]:
+        """The M jobs created straight in Kueue (behind the no-op check if asked),
+        billed as `run`."""
+        before = snapshot()
+        result = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()),
+                                         noop_check, functools.partial(bill, run, before))
+        console.print(f"    {result['rate']:.1f} admitted/s")
+        return result
+
+    direct = await straight_to_kueue("direct", False)
     console.print("(1b) straight to Kueue, behind an admission check that says Ready at once")
-    before = snapshot()
-    noop = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()), True,
-                                   functools.partial(bill, "no-op before", before))
-    console.print(f"    {noop['rate']:.1f} admitted/s")
+    noop = await straight_to_kueue("no-op before", True)
 
     root = REPO / ".run" / "bench-jobs"
     shutil.rmtree(root, ignore_errors=True)
@@ -295,12 +298,8 @@ async def run(m: int, workers: int, keep: bool) -> int:
             await asyncio.to_thread(stack.destroy)
             await asyncio.to_thread(kubework.delete_tenant_queues, api,
                                     ["kestrel-bench", "kestrel-gate"], 600)
-        console.print("(5) the no-op check again, after the plane (drift on both sides)")
-        before = snapshot()
-        noop_after = await asyncio.to_thread(
-            kueue_direct, api, m, 1, 8, sum(QUOTA.values()), True,
-            functools.partial(bill, "no-op after", before))
-        console.print(f"    {noop_after['rate']:.1f} admitted/s")
+        console.print("(5) the no-op check again, after the plane (one on each side)")
+        noop_after = await straight_to_kueue("no-op after", True)
     finally:
         for p in procs:
             p.stop()
