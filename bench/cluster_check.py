@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
@@ -320,13 +320,10 @@ def _ensure_noop_check(api: Any) -> None:
 
 def bench(api: Any, jobs: int, duration_s: int, workers: int, gpus_total: int,
           noop_check: bool = False,
-          on_admitted: Callable[[], object] | None = None,
-          pin_flavors: Sequence[str] = ()) -> dict[str, float]:
+          on_admitted: Callable[[], object] | None = None) -> dict[str, float]:
     """K jobs straight to Kueue; with ``noop_check`` the ClusterQueue also carries an
     AdmissionCheck answered Ready at once by :func:`noop_check_controller`.
-    ``on_admitted`` is called once the last is admitted, before the clean-up. With
-    ``pin_flavors``, job i selects flavor ``pin_flavors[i % len(pin_flavors)]``, as
-    a Kestrel job that asked for a flavor does; without, Kueue picks each job's."""
+    ``on_admitted`` is called once the last is admitted, before the clean-up."""
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     flavors = {"gpu-h100": gpus_total // 2, "gpu-a10": gpus_total - gpus_total // 2}
     manifests = kw.tenant_queue_manifests(ns, gpu_quota=flavors)
@@ -346,9 +343,7 @@ def bench(api: Any, jobs: int, duration_s: int, workers: int, gpus_total: int,
     clients = [kc.api_client() for _ in range(workers)]
 
     def create(i: int) -> None:
-        body = kw.gpu_job_manifest(f"j{i:05d}", ns, "gpu", gpus=1, duration_s=duration_s,
-                                   flavor=pin_flavors[i % len(pin_flavors)]
-                                   if pin_flavors else None)
+        body = kw.gpu_job_manifest(f"j{i:05d}", ns, "gpu", gpus=1, duration_s=duration_s)
         k8s().BatchV1Api(clients[i % workers]).create_namespaced_job(ns, cast(Any, body))
 
     try:

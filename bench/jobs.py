@@ -1,8 +1,7 @@
 """make bench-jobs: the whole plane against bare Kueue, in one run.
 
 1. Baseline: M jobs (1 GPU, 1 s simulated run) created straight in a Kueue
-   LocalQueue with the kubernetes client, each pinned to the flavor the plane's job
-   of the same index asks for (FLAVORS); admissions per second from the first
+   LocalQueue with the kubernetes client; admissions per second from the first
    create to the last Workload Admitted (bench/cluster_check.py's method).
    1b. The same behind an AdmissionCheck whose controller says Ready at once:
    what Kueue's admission-check protocol costs before Kestrel does anything
@@ -51,14 +50,6 @@ from kestrel.sdk import AsyncClient, JobState
 console = Console(stderr=True)
 TOKEN = "kso_bench-jobs"
 QUOTA = {"gpu-h100": 32, "gpu-a10": 32}
-# The flavor job i asks for, in every phase: FLAVORS[i % 2]. The plane's jobs ask for
-# one (the placer pins each to it with a nodeSelector), so the straight-to-Kueue runs
-# pin theirs the same way: the same jobs for Kueue with and without Kestrel. Left to
-# Kueue (no nodeSelector, the first flavor with room), the no-op-check run is not the
-# same work: on this machine it took 186.6 and 163.2 CPU-ms per job of the cluster
-# (10.0 and 11.5 admitted/s) against 227.0 and 241.8 pinned (8.25 and 7.7/s), two
-# pairs run alternately; the plane's own run of the same hour, pinned, 7.7/s.
-FLAVORS = ("gpu-a10", "gpu-h100")
 
 
 def watch_admitted(ns: str, seen: dict[str, float], stop: threading.Event) -> None:
@@ -116,7 +107,8 @@ async def plane_run(gateway: str, m: int,
             i = queue.get_nowait()
             t = time.monotonic()
             job = await client.submit_job(name=f"j{i}", gpus=1, max_duration_s=30,
-                                          sim_duration_s=1, flavor=FLAVORS[i % 2])
+                                          sim_duration_s=1,
+                                          flavor="gpu-h100" if i % 2 else "gpu-a10")
             if job.state is not JobState.ADMITTED:
                 raise RuntimeError(f"job {i} was {job.state.value}: {job.reason}")
             sent[job.job_id] = t
@@ -239,8 +231,7 @@ async def run(m: int, workers: int, keep: bool) -> int:
         billed as `run`."""
         before = snapshot()
         result = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()),
-                                         noop_check, functools.partial(bill, run, before),
-                                         FLAVORS)
+                                         noop_check, functools.partial(bill, run, before))
         console.print(f"    {result['rate']:.1f} admitted/s")
         return result
 

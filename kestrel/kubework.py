@@ -27,7 +27,6 @@ from kestrel.cluster.plane import api_client
 from kestrel.cluster.processes import wait_until
 from kestrel.workloads import (
     CPU_FLAVOR,
-    FLAVOR_NODE_LABEL,
     KWOK_DURATION_ANNOTATION,
     QUEUE_NAME_LABEL,
     condition,
@@ -59,12 +58,9 @@ def gpu_job_manifest(
     parallelism: int = 1,
     tolerate_all: bool = False,
     labels: dict[str, str] | None = None,
-    flavor: str | None = None,
 ) -> dict[str, Any]:
     """A batch/v1 Job for Kueue: created suspended with the queue-name label; each pod
-    asks for ``gpus`` nvidia.com/gpu and (on a KWOK node) runs ``duration_s`` seconds.
-    With ``flavor`` its pod selects that flavor's nodes, so Kueue admits it there only
-    (as the placer pins a Kestrel job to the flavor it asked for or runway chose)."""
+    asks for ``gpus`` nvidia.com/gpu and (on a KWOK node) runs ``duration_s`` seconds."""
     resources = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": str(gpus)}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -78,8 +74,6 @@ def gpu_job_manifest(
     }
     if tolerate_all:
         pod_spec["tolerations"] = [{"operator": "Exists"}]
-    if flavor:
-        pod_spec["nodeSelector"] = {FLAVOR_NODE_LABEL: flavor}
     return _kueue_job(name, namespace, queue, labels, parallelism, {
         "metadata": {"annotations": {KWOK_DURATION_ANNOTATION: f"{duration_s}s"}},
         "spec": pod_spec})
@@ -117,7 +111,7 @@ def cpu_job_manifest(
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "nodeSelector": {FLAVOR_NODE_LABEL: CPU_FLAVOR},
+        "nodeSelector": {"kestrel.dev/flavor": CPU_FLAVOR},
         "terminationGracePeriodSeconds": 5,
         "containers": [
             {

@@ -22,9 +22,6 @@ QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 KWOK_DURATION_ANNOTATION = "pod-complete.stage.kwok.x-k8s.io/delay"
 # On every node: its pool ("gpu", "cpu", "cpu-sim") and whether it is a KWOK fake.
 POOL_LABEL = "kestrel.dev/pool"
-# On every node, and in each flavor's nodeLabels: its Kueue flavor. A pod that selects
-# it (nodeSelector) can be admitted on that flavor only.
-FLAVOR_NODE_LABEL = "kestrel.dev/flavor"
 SIMULATED_LABEL = "kestrel.dev/simulated"
 # On a Workload that admission deactivates (spec.active=false): why, in words a
 # person reads in the job's reason ("evicted: tenant acme's budget is spent"),

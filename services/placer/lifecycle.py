@@ -36,16 +36,16 @@ from typing import Any, TypeVar
 from kestrel.workloads import (
     CPU_FLAVOR,
     EVICTION_REASON_ANNOTATION,
-    FLAVOR_NODE_LABEL,
     JOB_ID_LABEL,
     TENANT_LABEL,
     EventType,
 )
 
-__all__ = ["FLAVOR_NODE_LABEL", "JOB_ID_LABEL", "TENANT_LABEL", "EventType"]
+__all__ = ["JOB_ID_LABEL", "TENANT_LABEL", "EventType"]
 FLAVOR_ANNOTATION = "kestrel.dev/flavor"
 FLAVOR_REASON_ANNOTATION = "kestrel.dev/flavor-reason"
 NAMESPACE_PREFIX = "kestrel-"
+FLAVOR_NODE_LABEL = "kestrel.dev/flavor"  # on the GPU nodes (cluster/manifests/nodes.yaml)
 GPU = "nvidia.com/gpu"
 
 Obj = Mapping[str, Any]
