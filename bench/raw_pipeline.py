@@ -21,7 +21,6 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from kestrel import bus
-from kestrel.service import event_loop_factory
 from kestrel.v1 import events_pb2
 
 
@@ -68,8 +67,5 @@ async def main(url: str, dsn: str, expected: int, batch: int, client: str) -> No
 
 
 if __name__ == "__main__":
-    # On the loop the meter runs on (kestrel.service: uvloop unless KESTREL_EVENT_LOOP
-    # says asyncio), so the ratio compares the meter's work, not two event loops.
-    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        runner.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
-                        sys.argv[5] if len(sys.argv) > 5 else "nats-py"))
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+                     sys.argv[5] if len(sys.argv) > 5 else "nats-py"))
