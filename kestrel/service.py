@@ -93,22 +93,6 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The services' event loop: uvloop unless KESTREL_EVENT_LOOP=asyncio (CPython's own).
-
-    Every service is a loop of small callbacks (a gRPC call, a NATS message, a watch
-    burst handed over from a thread), and in a plane run about half of the placer's
-    samples were asyncio's own machinery (README, Benchmarks). uvloop runs the same
-    callbacks on libuv; the figure it saved is in the commit that made it the default."""
-    choice = os.environ.get("KESTREL_EVENT_LOOP", "uvloop")
-    if choice == "asyncio":
-        return None
-    if choice == "uvloop":
-        import uvloop
-        return uvloop.new_event_loop
-    raise SystemExit(f"KESTREL_EVENT_LOOP is {choice!r}: it must be uvloop or asyncio")
-
-
 def run_main(service: str, run: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """`python -m services.<service>`: log, run until SIGTERM or SIGINT, drain, exit."""
     setup_logging(service, os.environ.get("KESTREL_LOG_LEVEL", "INFO"))
@@ -118,8 +102,7 @@ def run_main(service: str, run: Callable[[asyncio.Event], Awaitable[None]]) -> N
         await run(stop_event_on_signals())
 
     try:
-        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            runner.run(main())
+        asyncio.run(main())
     except Stopped:
         logging.getLogger(f"kestrel.{service}").info("stopped before start-up finished")
 
