@@ -27,10 +27,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import shutil
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -183,6 +185,37 @@ def snapshot() -> Bill:
     return Bill(account.take_cpu(), account.parse_api(metrics))
 
 
+def events_in(ns: str) -> Counter[tuple[str, str, str]]:
+    """The Events Kubernetes wrote in a namespace, by who wrote them, the kind of object
+    and the reason; an Event repeated (its count) counts each time. Their number moves
+    from run to run (3.4 to 18.5 writes per job in the plane's runs of 2026-12-04), and a run
+    whose `apiserver writes events` stands out is read by this."""
+    out = cluster.kubectl("get", "events", "-n", ns, "-o", "json", check=False).stdout
+    return count_events(json.loads(out or "{}").get("items") or [])
+
+
+def count_events(items: list[dict[str, Any]]) -> Counter[tuple[str, str, str]]:
+    """core/v1 Events by (writer, kind of object, reason), each as many times as it
+    happened: `count` for one a recorder aggregated, else once. The writer is
+    reportingComponent, or source.component where a recorder filled only that."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for e in items:
+        who = e.get("reportingComponent") or (e.get("source") or {}).get("component") or "?"
+        kind = (e.get("involvedObject") or {}).get("kind") or "?"
+        counts[(who, kind, e.get("reason") or "?")] += int(e.get("count") or 1)
+    return counts
+
+
+def events_table(counts: Counter[tuple[str, str, str]], m: int, top: int = 12) -> Table:
+    all_per_job = sum(counts.values()) / m
+    t = Table(title=f"Events in the plane's namespace, per job (all {all_per_job:.2f})")
+    for col in ("written by", "about", "reason", "per job"):
+        t.add_column(col, justify="right" if col == "per job" else "left")
+    for (who, kind, reason), n in counts.most_common(top):
+        t.add_row(who, kind, reason, f"{n / m:.2f}")
+    return t
+
+
 API_ROWS = ("writes workloads", "writes jobs", "writes pods", "writes events",
             "watch events workloads", "watch events jobs", "watch events pods")
 
@@ -280,6 +313,7 @@ async def run(m: int, workers: int, keep: bool) -> int:
             "GROUP BY workload_id")}
         await db.close()
         k8s = await asyncio.to_thread(kubework.gpu_seconds_by_job, ["kestrel-bench"])
+        plane_events = await asyncio.to_thread(events_in, "kestrel-bench")
         # The contract: metered from Kueue's Admitted to Finished, never past the bound
         # (1 GPU x max_duration 30 s). Kubernetes stopping a job late is reported, not billed.
         exact = len(k8s) >= m and all(
@@ -350,6 +384,7 @@ async def run(m: int, workers: int, keep: bool) -> int:
     rates = {"direct": direct["rate"], "no-op before": noop["rate"], "plane": plane_rate,
              "no-op after": noop_after["rate"]}
     Console().print(bill_table(bills, rates, m))
+    Console().print(events_table(plane_events, m))
     print(f"jobs: n={m} plane_admit_per_s={plane_rate:.1f} "
           f"kueue_direct_admit_per_s={direct['rate']:.1f} "
           f"check_admit_per_s={check_rate:.1f} ratio={ratio:.2f} "
