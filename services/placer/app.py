@@ -22,7 +22,7 @@ from kestrel.v1 import placer_pb2, placer_pb2_grpc
 from services.placer.consumers import ACK_WAIT_S, consume_admitted
 from services.placer.core import Placer, PlacerSettings
 from services.placer.domain import DEFAULT_SHORT_BP
-from services.placer.kube import KINDS, Kube, Watcher
+from services.placer.kube import KINDS, WATCHED, Kube, Watcher
 from services.placer.lifecycle import Derived
 from services.placer.servicer import PlacerServicer
 from services.placer.standins import StandIns
@@ -112,7 +112,7 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     emit = placer.feed(loop)
     for kind in KINDS:
         Watcher(lambda: Kube(config.kubeconfig), kind, emit, halt,
-                on_relist=lambda k: relists.labels(k).inc()).start()
+                on_relist=lambda k: relists.labels(k).inc(), watch=kind in WATCHED).start()
     tasks = [asyncio.create_task(placer.run_observer(stop), name="observer")]
     runway_ready = asyncio.Event()
     runways = Runways()  # every tenant's runway, known before placement begins

@@ -293,9 +293,12 @@ class Placer:
                  "created" if created else "already existed", body["metadata"]["namespace"],
                  chosen.flavor, chosen.reason)
         key = key_of(JOBS, stored)
-        if key is not None:  # QUEUED now, before the ack; the watch brings the rest
-            await self._publish_new(self.views.setdefault(key, View()),
-                                    derive(Observed(job=stored)))
+        if key is not None:  # QUEUED now, before the ack; the Workload watch brings the rest
+            # The Job as created is all the placer keeps of it: Jobs are not watched
+            # (kube.WATCHED), and nothing derive() reads of a Job changes after creation.
+            self._apply(JOBS, "ADDED", stored)
+            view = self.views.setdefault(key, View())
+            await self._publish_new(view, derive(self._observed(view)))
         ann = _meta(stored).get("annotations") or {}
         return Placement(ann.get(FLAVOR_ANNOTATION, chosen.flavor),
                          ann.get(FLAVOR_REASON_ANNOTATION, chosen.reason),
@@ -325,12 +328,17 @@ class Placer:
                     view.published.add(ended.event_id)
                     view.closed.add(ended.workload_id)
                     self.on_published(ended)
-            if job is None:
-                return False, at
-            try:
-                deleted = await asyncio.to_thread(self.kube.delete_job, ns, job_id)
-            except ApiException as exc:
-                raise Unavailable(f"deleting job {job_id} failed: {exc.reason}") from exc
+            deleted = False
+            if job is not None:
+                try:
+                    deleted = await asyncio.to_thread(self.kube.delete_job, ns, job_id)
+                except ApiException as exc:
+                    raise Unavailable(f"deleting job {job_id} failed: {exc.reason}") from exc
+        # With a Workload, the view stays until the watch brings its deletion (and the
+        # close published above keeps the deletion from closing the allocation again).
+        self._job_gone((ns, job_id), forget=wl is None)
+        if job is None:
+            return False, at
         log.info("job %s cancelled at %d (%s)", job_id, at,
                  "allocation ended" if still_open else "held no quota")
         return deleted, at
@@ -418,6 +426,12 @@ class Placer:
             view.workload = obj
             view.workload_deleted = deleted
             view.gone_us = self.clock() if deleted else 0
+            if deleted:
+                # Jobs are not watched (kube.WATCHED): the Workload's deletion is how the
+                # placer learns its Job is gone. Kueue's Workload is owned by the Job and
+                # the garbage collector deletes it after the Job. (Were the Job still
+                # there, Kueue makes it a new Workload, which the watch brings.)
+                view.job = None
         elif kind == JOBS:
             view.job = None if deleted else obj
             stamp = _meta(obj).get("creationTimestamp") if view.job is not None else None
@@ -430,6 +444,18 @@ class Placer:
         if kind != PODS:
             self._track(key, view)
         return key
+
+    def _job_gone(self, key: Key, forget: bool = True) -> None:
+        """The Job was deleted (by this placer, or found missing): drop it from the view,
+        and with `forget` the view too once nothing else of the job is held in it."""
+        view = self.views.get(key)
+        if view is None:
+            return
+        view.job = None
+        self._track(key, view)
+        self.touched.pop(key, None)
+        if forget and view.empty and not view.lock.locked():
+            self.views.pop(key, None)
 
     def _track(self, key: Key, view: View) -> None:
         """Keep `unserved` and `served_us` true of the view after a change to it."""
@@ -493,7 +519,8 @@ class Placer:
         for key in stuck:
             self.touched[key] = (now, waiting[key].touches + 1)
             try:
-                await asyncio.to_thread(self.kube.touch_job, key[0], key[1], str(now))
+                if not await asyncio.to_thread(self.kube.touch_job, key[0], key[1], str(now)):
+                    self._job_gone(key)  # deleted meanwhile (not through this placer)
             except ApiException as exc:
                 log.warning("requeueing job %s/%s failed: %s", *key, exc.reason)
         for key in [k for k in self.touched if k not in waiting]:

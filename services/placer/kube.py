@@ -25,6 +25,14 @@ log = logging.getLogger("kestrel.placer.kube")
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 WORKLOADS, JOBS, PODS = "workload", "job", "pod"
 KINDS = (WORKLOADS, JOBS, PODS)
+# The kinds watched after their first list. Jobs are listed once, when the placer starts
+# (what a placer that restarted finds), and not watched: the placer makes each Job itself
+# and keeps what it created (Placer.place), nothing it reads of a Job changes after that
+# (labels, flavor annotations, creation instant, activeDeadlineSeconds), and Kueue's
+# Workload, owned by the Job, is deleted with it. A Job watch sent the placer about six
+# events per job (Kueue's unsuspend, the job controller's status writes, ...), each
+# encoded and written by the apiserver and decoded here, none of them read.
+WATCHED = (WORKLOADS, PODS)
 
 # (kind, [(event type ADDED|MODIFIED|DELETED|RELIST, object or list of objects), ...]):
 # the events of one read of a watch together, so the event loop wakes once for them.
@@ -222,18 +230,21 @@ class Kube:
 
 class Watcher(threading.Thread):
     """List, then watch from the list's resourceVersion; relist on 410 Gone (or any
-    broken watch that cannot resume). Every list is emitted whole as RELIST."""
+    broken watch that cannot resume). Every list is emitted whole as RELIST.
+    With `watch=False`, the thread ends after its first list that succeeds."""
 
     def __init__(self, connect: Callable[[], Kube], kind: str, emit: Emit,
                  stop: threading.Event, timeout_s: int = 50,
-                 on_relist: Callable[[str], None] = lambda k: None) -> None:
-        super().__init__(name=f"watch-{kind}", daemon=True)
+                 on_relist: Callable[[str], None] = lambda k: None,
+                 watch: bool = True) -> None:
+        super().__init__(name=f"{'watch' if watch else 'list'}-{kind}", daemon=True)
         self.connect = connect  # a client of its own per thread
         self.kind = kind
         self.emit = emit
         self.stop = stop
         self.timeout_s = timeout_s
         self.on_relist = on_relist
+        self.watch = watch
 
     def run(self) -> None:
         kube: Kube | None = None
@@ -245,6 +256,8 @@ class Watcher(threading.Thread):
                 items, rv = kube.list_raw(self.kind)
                 self.emit(self.kind, [("RELIST", items)])
                 self.on_relist(self.kind)
+                if not self.watch:
+                    return
                 delay = 0.2
                 while not self.stop.is_set():
                     for burst in kube.watch_raw(self.kind, rv, self.timeout_s):

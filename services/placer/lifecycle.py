@@ -15,8 +15,9 @@ Times come from Kubernetes timestamps, never from the placer's clock:
            held at the check (quota reserved, check Pending) is not metered.
 - STARTED  the first container start of a pod of this allocation
 - FINISHED the Workload's Finished=True transition when it succeeded
-- FAILED   Finished=True otherwise; the Job's Failed condition or the Workload's
-           deletion when the Workload vanished while it still held quota
+- FAILED   Finished=True otherwise; the Job's Failed condition (as the placer last
+           listed the Job: Jobs are not watched) or the Workload's deletion when the
+           Workload vanished while it still held quota
 - EVICTED  the Workload's Evicted=True transition (e.g. Deactivated); the reason
            is admission's annotation kestrel.dev/eviction-reason when it
            deactivated the Workload ("evicted: tenant acme's budget is spent")

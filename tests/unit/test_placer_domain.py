@@ -16,9 +16,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from services.placer import manifests
-from services.placer.core import Placer, PlacerSettings, key_of
+from services.placer.core import AdmittedJob, Placer, PlacerSettings, key_of
 from services.placer.domain import FlavorAsk, RunwayView, choose_flavor, short_because
-from services.placer.kube import PODS, Kube, Watcher
+from services.placer.kube import JOBS, KINDS, PODS, WATCHED, Kube, Watcher
 from services.placer.lifecycle import (
     Derived,
     EventType,
@@ -759,3 +759,143 @@ async def test_a_new_tenants_first_burst_of_placements_applies_its_queues_once()
     placer.tenants.pop("acme")  # what place() does when the namespace is gone (a 404)
     await asyncio.gather(*(placer.tenant_quota("acme") for _ in range(20)))
     assert kube.applied == ["namespace", "clusterqueues", "localqueue"] * 2
+
+
+# --- Jobs: listed once, then known from what the placer creates -------------------
+
+class EventRecorder(Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[Derived] = []
+
+    async def __call__(self, event: Derived) -> None:
+        await super().__call__(event)
+        self.events.append(event)
+
+
+class JobKube:
+    """The Kube calls place(), cancel() and requeue_stuck() make, against one namespace:
+    a Job created is stored with a creation stamp; its Workload is whatever the test set."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.workload: dict[str, Any] | None = None
+        self.deleted: list[str] = []
+
+    def create_job(self, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        stored = json.loads(json.dumps(body))
+        stored["metadata"]["creationTimestamp"] = ts(30)
+        self.jobs[body["metadata"]["name"]] = stored
+        return stored, True
+
+    def read_job(self, ns: str, name: str) -> dict[str, Any] | None:
+        return self.jobs.get(name)
+
+    def workload_of(self, ns: str, name: str) -> dict[str, Any] | None:
+        return self.workload
+
+    def delete_job(self, ns: str, name: str) -> bool:
+        self.deleted.append(name)
+        return self.jobs.pop(name, None) is not None
+
+    def touch_job(self, ns: str, name: str, stamp: str) -> bool:
+        return name in self.jobs
+
+
+async def placed(kube: JobKube, rec: Recorder, now: list[int]) -> Placer:
+    """A synced placer (every kind listed empty) that has placed job JOB."""
+    placer = Placer(cast(Any, kube), cast(Any, None), rec, PlacerSettings(),
+                    clock=lambda: now[0])
+    placer.tenants[TENANT] = TenantQuota({"gpu-h100": 8, "gpu-a10": 8})
+    for kind in ("workload", "job", "pod"):
+        await placer.observe_now(kind, "RELIST", [])
+    assert await placer.place(AdmittedJob(JOB, TENANT, "n", 2, "", 60, 3, {}), False)
+    return placer
+
+
+async def test_a_job_the_placer_created_is_known_without_a_job_watch_until_its_workload_goes(
+        ) -> None:
+    """Jobs are listed once and not watched: the Job as created is what its events read
+    (QUEUED, and the bound the meter holds each allocation to), it waits for its
+    Workload in the requeue set, and the Workload's deletion (the garbage collector's,
+    after the Job's) is the end of the job in the placer."""
+    kube, rec, now = JobKube(), EventRecorder(), [us(31)]
+    placer = await placed(kube, rec, now)
+    key = (NS, JOB)
+    assert rec.ids == [f"{JOB}:queued"]
+    assert placer.unserved == {key: us(30)}
+
+    await placer.observe_now("workload", "ADDED", workload(*RESERVED))
+    assert rec.ids[1:] == [f"{JOB}:admitted"]
+    assert rec.events[1].max_duration_s == 60  # the Job's activeDeadlineSeconds
+    assert placer.unserved == {} and placer.served_us == us(30)
+
+    done = workload(*RESERVED, cond("Finished", "True", 39, "Succeeded"))
+    await placer.observe_now("workload", "MODIFIED", done)
+    assert key in placer.views  # the Job is still there: so is the job
+    await placer.observe_now("workload", "DELETED", done)
+    assert rec.ids[2:] == [f"{JOB}:finished"]
+    assert placer.views == {}
+
+
+async def test_a_job_cancelled_before_kueue_gave_it_a_workload_is_forgotten_at_once() -> None:
+    kube, rec, now = JobKube(), Recorder(), [us(31)]
+    placer = await placed(kube, rec, now)
+    assert await placer.cancel(TENANT, JOB) == (True, us(31))
+    assert kube.deleted == [JOB]
+    assert placer.views == {} and placer.unserved == {}
+
+
+async def test_a_cancelled_job_with_a_workload_is_kept_until_the_watch_brings_its_deletion(
+        ) -> None:
+    """Its close is CANCELLED, published by the cancel: the Workload's deletion that
+    follows closes nothing twice, and then the job is forgotten."""
+    kube, rec, now = JobKube(), Recorder(), [us(40)]
+    placer = await placed(kube, rec, now)
+    await placer.observe_now("workload", "ADDED", workload(*RESERVED))
+    kube.workload = workload(*RESERVED)
+    await placer.cancel(TENANT, JOB)
+    assert rec.ids == [f"{JOB}:queued", f"{JOB}:admitted", f"{JOB}:cancelled"]
+    assert (NS, JOB) in placer.views
+    await placer.observe_now("workload", "DELETED", workload(*RESERVED, deleted_at=41))
+    assert rec.ids[3:] == []
+    assert placer.views == {}
+
+
+async def test_a_waiting_job_deleted_behind_the_placers_back_is_forgotten_when_touched(
+        ) -> None:
+    """An operator deleted a Job Kueue never gave a Workload: with no Job watch the
+    placer learns it when its touch finds the Job gone (a 404), and stops touching it."""
+    kube, rec, now = JobKube(), Recorder(), [us(31)]
+    placer = await placed(kube, rec, now)
+    kube.jobs.clear()
+    now[0] = us(50)  # past the patience: Kueue served nobody for 15 s
+    assert await placer.requeue_stuck() == [(NS, JOB)]
+    assert placer.views == {} and placer.unserved == {} and placer.touched == {}
+    now[0] = us(59)
+    assert await placer.requeue_stuck() == []
+
+
+class ListOnce:
+    def __init__(self) -> None:
+        self.lists = 0
+
+    def list_raw(self, kind: str) -> tuple[list[dict[str, Any]], str]:
+        self.lists += 1
+        if self.lists == 1:
+            raise ApiException(status=503, reason="apiserver starting")
+        return [{"metadata": {"name": "j1"}}], "10"
+
+    def watch_raw(self, kind: str, rv: str, timeout_s: int) -> Iterator[list[dict[str, Any]]]:
+        raise AssertionError("a list-once kind is not watched")
+
+
+def test_jobs_are_listed_until_a_list_succeeds_and_then_not_watched() -> None:
+    fake, stop = ListOnce(), threading.Event()
+    seen: list[tuple[str, list[Any]]] = []
+    watcher = Watcher(lambda: cast(Any, fake), JOBS, lambda k, c: seen.append((k, c)), stop,
+                      watch=False)
+    watcher.run()  # in this thread: returns after the first list that succeeded
+    assert fake.lists == 2 and not stop.is_set()
+    assert [(k, [t for t, _ in c]) for k, c in seen] == [(JOBS, ["RELIST"])]
+    assert JOBS not in WATCHED and set(WATCHED) | {JOBS} == set(KINDS)
