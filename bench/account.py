@@ -15,12 +15,14 @@ Both are plain counters; `spent(before, after)` is their difference.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 TICK = os.sysconf("SC_CLK_TCK")
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
@@ -114,6 +116,25 @@ def machine_busy(stat: Path = Path("/proc/stat")) -> float:
     ticks = [int(f) for f in fields]
     idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
     return (sum(ticks[:8]) - idle) / TICK
+
+
+async def settle(min_s: float = 2.0, max_s: float = 30.0, quiet_cores: float = 0.2,
+                 window_s: float = 0.5, busy: Callable[[], float] = machine_busy,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
+                 ) -> tuple[float, float]:
+    """Wait until the machine is quiet: it spent under `quiet_cores` per second busy over
+    the last `window_s`, at least `min_s` and at most `max_s` after the call. Returns
+    (seconds waited, cores busy in the last window): what a phase left behind to finish
+    before the next one is measured."""
+    start = clock()
+    await sleep(min_s)
+    while True:
+        b0, w0 = busy(), clock()
+        await sleep(window_s)
+        cores = (busy() - b0) / max(clock() - w0, 1e-9)
+        if cores < quiet_cores or clock() - start >= max_s:
+            return clock() - start, cores
 
 
 @dataclass(frozen=True)

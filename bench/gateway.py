@@ -163,7 +163,12 @@ async def run(clients: int, seconds: float, rate: float, tenants: int, keep: boo
         rate = rate or submit_rate / 2
         console.print(f"(b) latency: open loop at {rate:.0f} submits/s (half the saturation "
                       f"rate) for {seconds:.0f}s")
-        await asyncio.sleep(2)  # let the saturation backlog (runway re-reads) settle
+        # Half load is measured in its steady state, not in the saturation phase's
+        # aftermath: the meter and admission still working through that burst's
+        # announcements and runway re-reads, Postgres its writes.
+        waited, left = await account.settle()
+        console.print(f"    the saturation phase's work settled after {waited:.1f}s "
+                      f"({left:.2f} cores busy)")
         busy0, t0 = account.machine_busy(), time.monotonic()
         lat, l_err = await open_loop(submit, rate, seconds)
         # How loaded "half the saturation rate" left the machine: a submit costs more CPU

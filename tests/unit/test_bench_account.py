@@ -13,6 +13,7 @@ from bench.account import (
     kestrel_share,
     machine_busy,
     parse_api,
+    settle,
     spent,
     take_cpu,
 )
@@ -107,3 +108,32 @@ def test_the_machine_is_busy_for_all_but_its_idle_and_iowait_ticks(tmp_path: Pat
 def test_a_bench_says_whether_the_machine_was_quiet_before_it_and_who_was_not(
         busy: float, by: dict[str, float], expected: str) -> None:
     assert Background(busy, by, 2).note() == expected
+
+
+class Machine:
+    """A fake clock and CPU counter: busy for `busy_until` seconds at 1.5 cores, then
+    at 0.05; sleeping advances the clock."""
+
+    def __init__(self, busy_until: float) -> None:
+        self.now = 0.0
+        self.busy_until = busy_until
+
+    def busy(self) -> float:
+        hot = min(self.now, self.busy_until)
+        return 1.5 * hot + 0.05 * (self.now - hot)
+
+    async def sleep(self, s: float) -> None:
+        self.now += s
+
+
+@pytest.mark.parametrize(("busy_until", "max_s", "waited"), [
+    (0.0, 30.0, 2.5),    # quiet at once: the minimum and one window
+    (6.2, 30.0, 7.0),    # the first whole quiet window after the work ends
+    (100.0, 10.0, 10.0),  # never quiet: gives up at the cap
+], ids=["quiet-at-once", "waits-for-the-work-to-end", "gives-up-at-the-cap"])
+async def test_settle_waits_until_a_whole_window_is_quiet(busy_until: float, max_s: float,
+                                                          waited: float) -> None:
+    m = Machine(busy_until)
+    got, cores = await settle(max_s=max_s, busy=m.busy, clock=lambda: m.now, sleep=m.sleep)
+    assert got == pytest.approx(waited)
+    assert (cores < 0.2) == (busy_until < max_s)
