@@ -297,7 +297,7 @@ class Placer:
             # The Job as created is all the placer keeps of it: Jobs are not watched
             # (kube.WATCHED), and nothing derive() reads of a Job changes after creation.
             self._apply(JOBS, "ADDED", stored)
-            view = self.views.setdefault(key, View())
+            view = self.views[key]
             await self._publish_new(view, derive(self._observed(view)))
         ann = _meta(stored).get("annotations") or {}
         return Placement(ann.get(FLAVOR_ANNOTATION, chosen.flavor),
@@ -452,8 +452,7 @@ class Placer:
         if view is None:
             return
         view.job = None
-        self._track(key, view)
-        self.touched.pop(key, None)
+        self._track(key, view)  # out of the requeue set, its touches with it
         if forget and view.empty and not view.lock.locked():
             self.views.pop(key, None)
 
