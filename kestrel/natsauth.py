@@ -8,6 +8,9 @@ another's messages:
 - only the meter publishes `kestrel.runway.>` (the budget every service acts on);
 - only the placer publishes `kestrel.workload.>` (what the ledger is written from);
 - only admission publishes `kestrel.jobs.admitted.>` and `kestrel.jobs.state.>`;
+- only the placer publishes `kestrel.checks.workloads` (the Workloads the runway check
+  decides on, kestrel.checkfeed), and only admission reads it and asks for a full set
+  on `kestrel.checks.sync`;
 - the gateway publishes nothing: it only watches `kestrel.jobs.state.>` for WatchJob;
 - each service parks bad messages on its own `kestrel.deadletter.<service>` only;
 - `tap`, the operators' `kestrel tap`, reads `kestrel.>` and publishes nothing;
@@ -77,9 +80,12 @@ def _service(user: str, publishes: Sequence[str], subscribes: Sequence[str],
 GRANTS: Mapping[str, Grants] = {
     "gateway": Grants(publish=(), subscribe=("kestrel.jobs.state.>",
                                             f"{inbox_prefix('gateway')}.>")),
-    "admission": _service("admission", ("kestrel.jobs.admitted.>", "kestrel.jobs.state.>"),
-                          (), (("KESTREL_RUNWAY", ""), ("KESTREL_WORKLOADS", "admission"))),
-    "placer": _service("placer", ("kestrel.workload.>",), (),
+    "admission": _service("admission", ("kestrel.jobs.admitted.>", "kestrel.jobs.state.>",
+                                        "kestrel.checks.sync"),
+                          ("kestrel.checks.workloads",),
+                          (("KESTREL_RUNWAY", ""), ("KESTREL_WORKLOADS", "admission"))),
+    "placer": _service("placer", ("kestrel.workload.>", "kestrel.checks.workloads"),
+                       ("kestrel.checks.sync",),
                        (("KESTREL_RUNWAY", ""), ("KESTREL_JOBS", "placer"))),
     "meter": _service("meter", ("kestrel.runway.>",), ("kestrel.jobs.state.>",),
                       (("KESTREL_WORKLOADS", "meter"),)),

@@ -3,8 +3,10 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from kestrel.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
@@ -326,3 +328,124 @@ class EndpointScaled(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EndpointScaled: _TypeAlias = EndpointScaled  # noqa: Y015
+
+@_typing.final
+class CheckedWorkload(_message.Message):
+    """The runway AdmissionCheck's part of one Kueue Workload (its entry in
+    status.admissionChecks and the conditions its verdict reads).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    CHECK_STATE_FIELD_NUMBER: _builtins.int
+    CHECK_MESSAGE_FIELD_NUMBER: _builtins.int
+    ADMITTED_FIELD_NUMBER: _builtins.int
+    ACTIVE_FIELD_NUMBER: _builtins.int
+    FINISHED_FIELD_NUMBER: _builtins.int
+    CHECK_INDEX_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    name: _builtins.str
+    job_id: _builtins.str
+    """The owning Job's name: the Kestrel job id."""
+    check_state: _builtins.str
+    """The check entry's state and message ("Pending", "Ready", ...)."""
+    check_message: _builtins.str
+    admitted: _builtins.bool
+    active: _builtins.bool
+    finished: _builtins.bool
+    check_index: _builtins.int
+    """Position of the entry in status.admissionChecks (the JSON Patch path)."""
+    tenant: _builtins.str
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        name: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        check_state: _builtins.str = ...,
+        check_message: _builtins.str = ...,
+        admitted: _builtins.bool = ...,
+        active: _builtins.bool = ...,
+        finished: _builtins.bool = ...,
+        check_index: _builtins.int = ...,
+        tenant: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active", b"active", "admitted", b"admitted", "check_index", b"check_index", "check_message", b"check_message", "check_state", b"check_state", "finished", b"finished", "job_id", b"job_id", "name", b"name", "namespace", b"namespace", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckedWorkload: _TypeAlias = CheckedWorkload  # noqa: Y015
+
+@_typing.final
+class CheckedWorkloads(_message.Message):
+    """kestrel.checks.workloads (core NATS, not a stream) — published by the placer, the one
+    Kestrel process that watches Kueue's Workloads, to admission, which answers the
+    runway check. Each message carries the changes of one watch read; `seq` numbers the
+    messages of one placer run (`epoch`), so a gap or a new epoch is seen and answered
+    with a full set (kestrel.checks.sync).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    RESET_FIELD_NUMBER: _builtins.int
+    WORKLOADS_FIELD_NUMBER: _builtins.int
+    GONE_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.str
+    seq: _builtins.int
+    reset: _builtins.bool
+    """The first part of a full set: what was held before it is dropped."""
+    @_builtins.property
+    def workloads(self) -> _containers.RepeatedCompositeFieldContainer[Global___CheckedWorkload]:
+        """Workloads carrying the check, as they are now."""
+
+    @_builtins.property
+    def gone(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """namespace/name of Workloads deleted or no longer carrying the check."""
+
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        reset: _builtins.bool = ...,
+        workloads: _abc.Iterable[Global___CheckedWorkload] | None = ...,
+        gone: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "gone", b"gone", "reset", b"reset", "seq", b"seq", "workloads", b"workloads"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckedWorkloads: _TypeAlias = CheckedWorkloads  # noqa: Y015
+
+@_typing.final
+class CheckSyncRequest(_message.Message):
+    """kestrel.checks.sync — admission asks the placer for a full set (at start, and after a
+    gap in the sequence). The reply is the full set on kestrel.checks.workloads.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckSyncRequest: _TypeAlias = CheckSyncRequest  # noqa: Y015

@@ -6,9 +6,11 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
-from kestrel import bus, runway
+from kestrel import bus, checkfeed, runway
 from kestrel.clock import now_us
 from kestrel.cluster.paths import PATHS as CLUSTER_PATHS
 from kestrel.config import Endpoints, env_float, env_int, env_str
@@ -19,7 +21,7 @@ from kestrel.kubeclient import kubeconfig_usable
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.runway import Runways
 from kestrel.service import drain, every, serve_metrics
-from kestrel.v1 import admission_pb2, admission_pb2_grpc
+from kestrel.v1 import admission_pb2, admission_pb2_grpc, events_pb2
 from services.admission.consumers import Reevaluator, follow_workloads, on_runway
 from services.admission.core import Admission
 from services.admission.domain import JobState
@@ -61,6 +63,31 @@ class AdmissionConfig:
                    env_str("KESTREL_KUBECONFIG", str(CLUSTER_PATHS.kubeconfig)),
                    env_str("KESTREL_RUNWAY_CHECK", "kestrel-runway"),
                    env_float("KESTREL_ADMISSION_GATHER_S", GATHER_S))
+
+
+async def follow_checks(nc: NATS, controller: RunwayCheckController) -> None:
+    """The placer's feed of the Workloads our check is on (kestrel.checkfeed) into the
+    controller; a gap in it, and the start, ask the placer for a full set."""
+
+    async def sync(reason: str) -> None:
+        msg = events_pb2.CheckSyncRequest(reason=reason)
+        await nc.publish(checkfeed.SYNC_SUBJECT, msg.SerializeToString(),
+                         headers={bus.TYPE_HEADER: bus.type_name(msg)})
+
+    async def on_checks(msg: Msg) -> None:
+        try:
+            checks = bus.parse(msg, events_pb2.CheckedWorkloads)
+        except bus.Unusable as exc:  # not ours to park (core NATS): a full set mends it
+            log.warning("unusable runway-check message: %s", exc)
+            await controller.ask_full("an unusable message")
+            return
+        if controller.received(checks):
+            await controller.ask_full(f"message {checks.seq} of {checks.epoch or '?'} "
+                                      "follows a gap")
+
+    controller.sync = sync
+    await nc.subscribe(checkfeed.SUBJECT, cb=on_checks)
+    await controller.ask_full("admission started")
 
 
 async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
@@ -130,6 +157,8 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
         log.info("runway admission check %s on %s", config.runway_check, config.kubeconfig)
     else:
         log.info("runway admission check off (KESTREL_RUNWAY_CHECK empty or no kubeconfig)")
+    if controller is not None:
+        await follow_checks(nc, controller)
     runways = Runways()
     runways.listen(on_runway(reeval, controller.heard if controller is not None else None))
     tasks = [asyncio.create_task(runway.follow(nc, runways, stop), name="runway"),

@@ -1,15 +1,18 @@
 """Transport: the runway AdmissionCheck controller against the real Kueue.
 
-A watch keeps a cache of the Workloads that carry our check (list, then watch
-from its resourceVersion; a 410 Gone relists). Changed Workloads are decided
-within a few tens of milliseconds (events are batched); a tenant's are decided
-again when its runway or a held job of it changes (`wake`), and all every few
-seconds. Tenants' money is cached between those refreshes, and only Workloads
-that are not `settled` are looked up and decided, so a busy cluster costs a
-job-row read per new Workload, not one per Workload per event. The pure
-`runway_check` says what each check entry and `spec.active` should be; only
-differences are patched. It also keeps the AdmissionCheck's Active condition
-True, or Kueue would deactivate the ClusterQueues that name it.
+The Workloads that carry our check come from the placer, Kestrel's one watcher of
+Workloads, over core NATS (kestrel.checkfeed): only the fields a verdict reads, only
+when they change, numbered so that a gap asks for a full set. (A watch of its own here
+was one more stream of every Workload event for the apiserver to encode and write,
+about 7 CPU-ms of apiserver per job.) Changed Workloads are decided within a few tens
+of milliseconds (events are batched); a tenant's are decided again when its runway or
+a held job of it changes (`wake`), and all every few seconds. Tenants' money is
+cached between those refreshes, and only Workloads that are not `settled` are looked
+up and decided, so a busy cluster costs a job-row read per new Workload, not one per
+Workload per event. The pure `runway_check` says what each check entry and
+`spec.active` should be; only differences are patched. It also keeps the
+AdmissionCheck's Active condition True, or Kueue would deactivate the ClusterQueues
+that name it.
 """
 
 from __future__ import annotations
@@ -17,24 +20,23 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import threading
 from collections import ChainMap
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from kestrel import kubeclient, kubewatch
+from kestrel import checkfeed, kubeclient
+from kestrel.checkfeed import WorkloadView
 from kestrel.kubeclient import new_api_client
 from kestrel.kubework import KUEUE_API_VERSION, KUEUE_GROUP
-from kestrel.v1 import common_pb2
-from kestrel.workloads import EVICTION_REASON_ANNOTATION, TENANT_LABEL, budget_spent_reason
+from kestrel.v1 import common_pb2, events_pb2
+from kestrel.workloads import EVICTION_REASON_ANNOTATION, budget_spent_reason
 from services.admission.core import Admission
 from services.admission.runway_check import (
     Money,
     Verdict,
-    WorkloadView,
     changes,
     decides_alike,
     money_of,
@@ -44,10 +46,7 @@ from services.admission.runway_check import (
 
 log = logging.getLogger("kestrel.admission.runway_check")
 
-# How long a busy Workload watch lets events gather before it reads them
-# (kestrel.kubewatch.bursts): a verdict waits at most this much longer, and only while
-# Workloads come faster than this. 0.1 s, as the placer's watches (services.placer.kube).
-WATCH_LINGER_S = 0.1
+SYNC_EVERY_S = 1.0  # the most often a full set is asked of the placer
 PATCH_CONCURRENCY = 4  # check verdicts written at once (and the client's pool size)
 
 
@@ -55,62 +54,11 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def view(obj: dict[str, Any], check: str) -> WorkloadView | None:
-    """The parts of a Workload the check decides on; None when our check is not on it."""
-    status = obj.get("status") or {}
-    entries = status.get("admissionChecks") or []
-    index = next((i for i, c in enumerate(entries) if c.get("name") == check), None)
-    if index is None:
-        return None
-    entry = entries[index]
-    meta = obj.get("metadata") or {}
-    owner = next((o.get("name", "") for o in meta.get("ownerReferences") or []
-                  if o.get("kind") == "Job"), "")
-    conds = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-    spec = obj.get("spec") or {}
-    tenant = next((str(labels[TENANT_LABEL]) for ps in spec.get("podSets") or []
-                   if TENANT_LABEL in (labels := ((ps.get("template") or {}).get("metadata")
-                                                  or {}).get("labels") or {})), "")
-    return WorkloadView(meta.get("namespace", ""), meta.get("name", ""), owner,
-                        entry.get("state", ""), entry.get("message", ""),
-                        conds.get("Admitted") == "True",
-                        spec.get("active", True) is not False,
-                        conds.get("Finished") == "True", index, tenant)
-
-
 class Kueue:
     """Blocking calls; run them in threads."""
 
     def __init__(self, kubeconfig: str) -> None:
         self.custom: Any = k8s.CustomObjectsApi(new_api_client(kubeconfig, PATCH_CONCURRENCY))
-
-    def workloads(self) -> tuple[list[dict[str, Any]], str]:
-        resp = kubewatch.loads(self.custom.list_cluster_custom_object(
-            KUEUE_GROUP, KUEUE_API_VERSION, "workloads", _preload_content=False).data)
-        return list(resp.get("items") or []), str(resp["metadata"]["resourceVersion"])
-
-    def watch(self, resource_version: str, stop: threading.Event,
-              emit: Callable[[list[tuple[str, dict[str, Any]]]], object]) -> str:
-        """Stream Workload events from resource_version until stop, the apiserver's
-        timeout or an error (an ERROR event, 410 Gone above all, raises its
-        ApiException); returns the last resourceVersion seen, bookmarks included, to
-        watch on from. `emit` gets the (type, object) of each read's events together.
-
-        Each event is parsed from JSON once, as a dict (kestrel.kubewatch): the client's
-        typed path parsed it, wrote it back to JSON and parsed that again, a third of
-        this watch's CPU for dicts that come out the same. A busy watch is read every
-        WATCH_LINGER_S, not once per event (kestrel.kubewatch.bursts)."""
-        rv = resource_version
-        for burst in kubewatch.bursts(self.custom.list_cluster_custom_object, KUEUE_GROUP,
-                                      KUEUE_API_VERSION, "workloads",
-                                      resource_version=rv, timeout_s=60,
-                                      linger_s=WATCH_LINGER_S):
-            changed, rv = kubewatch.changes(burst, rv)
-            if changed:
-                emit(changed)
-            if stop.is_set():
-                return rv
-        return rv
 
     def set_check(self, w: WorkloadView, check: str, v: Verdict) -> None:
         """One JSON Patch on our entry, found at the watched index; its `test` op makes
@@ -181,7 +129,11 @@ class RunwayCheckController:
         self.check = check
         self.full_pass_s = full_pass_s
         self.batch_s = batch_s  # events arriving within this are decided together
-        self.views: dict[str, WorkloadView] = {}
+        # The Workloads with our check, as the placer forwards them (kestrel.checkfeed);
+        # `sync` asks it for a full set (None: nobody to ask, e.g. in unit tests).
+        self.inbox = checkfeed.Inbox()
+        self.sync: Callable[[str], Awaitable[None]] | None = None
+        self.asked_at = -SYNC_EVERY_S
         # Per tenant: its money as its last runway said (the runway reader starts with
         # every tenant's last, and the meter publishes each change). A tenant with none
         # heard yet reads a ledger snapshot for each pass that decides it (decide()).
@@ -209,80 +161,63 @@ class RunwayCheckController:
         A snapshot per runway was the most of this controller's Postgres work."""
         self.wake(runway.tenant, money_of(runway))
 
-    def _apply(self, changes: list[tuple[str, dict[str, Any]]]) -> None:
-        """On the event loop: one read's watch events into the cache, in order."""
-        for kind, obj in changes:
-            meta = obj.get("metadata") or {}
-            key = f"{meta.get('namespace')}/{meta.get('name')}"
-            v = view(obj, self.check) if kind != "DELETED" else None
-            if v is None:
-                self.views.pop(key, None)
-                continue
-            self.views[key] = v
-            self.dirty.add(key)
-            self.changed.set()
+    @property
+    def views(self) -> dict[str, WorkloadView]:
+        return self.inbox.views
 
-    def _watch_forever(self, kueue: Kueue, loop: asyncio.AbstractEventLoop,
-                       stop: threading.Event) -> None:
-        """In a thread: list, then watch, on from where each watch ended (the apiserver
-        ends one every minute); relist only on 410 Gone or a break, as client-go's
-        reflector does. (A relist at every timeout was a LIST of every Workload a
-        minute, 3 % of the apiserver's CPU in bench-jobs' plane phase, and then a
-        decision on each of them here.)"""
-        while not stop.is_set():
-            try:
-                items, rv = kueue.workloads()
-                loop.call_soon_threadsafe(self._replace_all, items)
-                while not stop.is_set():
-                    rv = kueue.watch(rv, stop, lambda changes: loop.call_soon_threadsafe(
-                        self._apply, changes))
-            except Exception as exc:  # 410 Gone, apiserver restarts: relist
-                log.info("workload watch restarts: %s", exc)
-                stop.wait(0.5)
-
-    def _replace_all(self, items: list[dict[str, Any]]) -> None:
-        views = {f"{v.namespace}/{v.name}": v for o in items
-                 if (v := view(o, self.check)) is not None}
-        self.views = views
-        self.dirty |= set(views)
+    def received(self, msg: events_pb2.CheckedWorkloads) -> bool:
+        """On the event loop: one message of the placer's feed into the cache, its
+        Workloads to decide (every one after a full set); whether a full set must be
+        asked for (a gap in the numbers, or none received yet)."""
+        changed, _, ask = self.inbox.accept(msg)
+        if msg.reset:
+            self.dirty |= set(self.inbox.views)
+        else:
+            self.dirty |= {v.key for v in changed}
         self.changed.set()
+        return ask
+
+    async def ask_full(self, reason: str) -> None:
+        """Ask the placer for every Workload it knows with our check, at most once a
+        second (a reset may take that long to come back from a busy placer)."""
+        now = asyncio.get_running_loop().time()
+        if self.sync is None or now - self.asked_at < SYNC_EVERY_S:
+            return
+        self.asked_at = now
+        log.info("asking the placer for the full set of checked Workloads: %s", reason)
+        await self.sync(reason)
 
     async def run(self, stop: asyncio.Event) -> None:
         kueue = await asyncio.to_thread(Kueue, self.kubeconfig)
-        halt = threading.Event()
-        watcher = threading.Thread(target=self._watch_forever, name="workload-watch",
-                                   args=(kueue, asyncio.get_running_loop(), halt), daemon=True)
-        watcher.start()
         loop = asyncio.get_running_loop()
         active_at = full_at = 0.0
-        try:
-            while not stop.is_set():
-                retry = False
-                try:
-                    if loop.time() - active_at > ACTIVE_RENEW_S and await asyncio.to_thread(
-                            kueue.keep_active, self.check):
-                        active_at = loop.time()
-                    if loop.time() - full_at > self.full_pass_s:  # every tenant still busy
-                        full_at = loop.time()
-                        busy = {v.tenant for v in self.views.values()
-                                if v.tenant and not v.finished and v.active}
-                        self.stale |= busy
-                    await self.decide(kueue)
-                except Exception as exc:
-                    log.warning("runway check reconcile failed: %s", exc)
-                    retry = True
-                waits = [asyncio.create_task(e.wait()) for e in (self.changed, stop)]
-                done, _ = await asyncio.wait(
-                    waits, timeout=idle_wait_s(loop.time(), full_at, self.full_pass_s,
-                                               active_at, retry),
-                    return_when=asyncio.FIRST_COMPLETED)
-                for t in waits:
-                    t.cancel()
-                if done and not stop.is_set():
-                    await asyncio.sleep(self.batch_s)  # let the rest of a burst arrive
-                self.changed.clear()
-        finally:
-            halt.set()
+        while not stop.is_set():
+            retry = False
+            try:
+                if loop.time() - active_at > ACTIVE_RENEW_S and await asyncio.to_thread(
+                        kueue.keep_active, self.check):
+                    active_at = loop.time()
+                if loop.time() - full_at > self.full_pass_s:  # every tenant still busy
+                    full_at = loop.time()
+                    busy = {v.tenant for v in self.views.values()
+                            if v.tenant and not v.finished and v.active}
+                    self.stale |= busy
+                    if not self.inbox.whole:  # none yet (the placer not up), or one lost
+                        await self.ask_full("no whole set of checked Workloads held")
+                await self.decide(kueue)
+            except Exception as exc:
+                log.warning("runway check reconcile failed: %s", exc)
+                retry = True
+            waits = [asyncio.create_task(e.wait()) for e in (self.changed, stop)]
+            done, _ = await asyncio.wait(
+                waits, timeout=idle_wait_s(loop.time(), full_at, self.full_pass_s,
+                                           active_at, retry),
+                return_when=asyncio.FIRST_COMPLETED)
+            for t in waits:
+                t.cancel()
+            if done and not stop.is_set():
+                await asyncio.sleep(self.batch_s)  # let the rest of a burst arrive
+            self.changed.clear()
 
     async def decide(self, kueue: Kueue) -> None:
         """Decide what is not settled among the changed Workloads and every Workload of

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from kestrel import budget
+from kestrel.checkfeed import WorkloadView
 from kestrel.jobs import JobRow, JobState
 from kestrel.money import fmt
 from kestrel.v1 import common_pb2
@@ -39,20 +40,6 @@ class CheckState(enum.StrEnum):
     PENDING = "Pending"
     RETRY = "Retry"
     REJECTED = "Rejected"
-
-
-@dataclass(frozen=True)
-class WorkloadView:
-    namespace: str
-    name: str
-    job_id: str  # the owning Job's name; "" when not a Kestrel job
-    check_state: str  # our entry in status.admissionChecks ("" when absent)
-    check_message: str
-    admitted: bool  # Admitted condition True
-    active: bool  # spec.active
-    finished: bool
-    check_index: int = 0  # position of our entry in status.admissionChecks
-    tenant: str = ""  # the kestrel.dev/tenant label of its pod template
 
 
 @dataclass(frozen=True)

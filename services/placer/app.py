@@ -8,9 +8,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter
 
-from kestrel import bus, runway
+from kestrel import bus, checkfeed, runway
 from kestrel.cluster.paths import GPU_FLAVORS, PATHS
 from kestrel.config import Endpoints, env_int, env_str
 from kestrel.db import create_pool
@@ -18,7 +19,7 @@ from kestrel.grpcserver import Server
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.runway import Runways
 from kestrel.service import drain, every, serve_metrics
-from kestrel.v1 import placer_pb2, placer_pb2_grpc
+from kestrel.v1 import events_pb2, placer_pb2, placer_pb2_grpc
 from services.placer.consumers import ACK_WAIT_S, consume_admitted
 from services.placer.core import Placer, PlacerSettings
 from services.placer.domain import DEFAULT_SHORT_BP
@@ -30,6 +31,10 @@ from services.placer.store import PlacerStore
 from services.placer.wire import event_to_wire, runway_from_wire
 
 log = logging.getLogger("kestrel.placer")
+
+# How often an empty numbered message goes to admission's runway check when nothing
+# else does (kestrel.checkfeed.Outbox.beat): the longest a lost message goes unseen.
+CHECK_BEAT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,17 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     if config.settings.gpu_standins:
         placer.standins = StandIns(config.settings.worker_redis_url)
     placer.on_published = lambda e: published.labels(e.type.word).inc()
+
+    async def publish_checks(msgs: list[events_pb2.CheckedWorkloads]) -> None:
+        for msg in msgs:  # core NATS: admission numbers them and asks again on a gap
+            await nc.publish(checkfeed.SUBJECT, msg.SerializeToString(),
+                             headers={bus.TYPE_HEADER: bus.type_name(msg)})
+
+    async def on_check_sync(msg: Msg) -> None:
+        placer.check_sync()
+
+    placer.publish_checks = publish_checks
+    await nc.subscribe(checkfeed.SYNC_SUBJECT, cb=on_check_sync)
     await bus.retry_forever("admission check", placer.ensure_admission_check)
     await bus.retry_forever("prices", placer.refresh)
     mark("check and prices")
@@ -148,6 +164,9 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
               asyncio.create_task(every(
                   config.refresh_s, stop, placer.refresh,
                   "refreshing prices and tenant quotas failed", log), name="refresh"),
+              asyncio.create_task(every(
+                  CHECK_BEAT_S, stop, placer.check_beat,
+                  "numbering the runway-check feed failed", log), name="check-beat"),
               asyncio.create_task(every(
                   1.0, stop, placer.requeue_stuck,
                   "requeueing Jobs Kueue left without a Workload failed", log),

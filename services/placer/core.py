@@ -24,10 +24,11 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from kestrel import checkfeed
 from kestrel.clock import Clock, now_us
 from kestrel.cluster.node import kestrel_image
 from kestrel.errors import FailedPrecondition, Unavailable
-from kestrel.v1 import placer_pb2
+from kestrel.v1 import events_pb2, placer_pb2
 from kestrel.workloads import CPU_FLAVOR, TENANT_LABEL
 from services.placer import manifests, views
 from services.placer.domain import FlavorAsk, Placement, RunwayView, choose_flavor
@@ -54,6 +55,11 @@ from services.placer.store import PlacerStore, TenantQuota
 log = logging.getLogger("kestrel.placer")
 
 Publish = Callable[[Derived], Awaitable[None]]
+PublishChecks = Callable[[list[events_pb2.CheckedWorkloads]], Awaitable[None]]
+# On the observer's queue: admission asked for the full set of checked Workloads; the
+# time for a numbered empty message to admission (checkfeed.Outbox.beat).
+CHECK_SYNC = "check-sync"
+CHECK_BEAT = "check-beat"
 Key = tuple[str, str]  # (namespace, job name == Kestrel job id)
 
 # How many jobs' events one pass of the observer publishes side by side: enough that a
@@ -161,6 +167,10 @@ class Placer:
         # creation among Jobs seen with theirs (requeue_due).
         self.unserved: dict[Key, int] = {}
         self.served_us = 0
+        # The runway check's Workload fields, forwarded to admission (kestrel.checkfeed):
+        # the placer's Workload watch serves both, one watch stream fewer on the apiserver.
+        self.checks = checkfeed.Outbox(settings.runway_check)
+        self.publish_checks: PublishChecks | None = None
 
     # --- tenants -------------------------------------------------------------
 
@@ -353,6 +363,16 @@ class Placer:
 
         return emit
 
+    def check_sync(self) -> None:
+        """Admission asked for every Workload carrying the runway check: sent by the
+        observer, in order with the changes it forwards."""
+        self.queue.put_nowait((CHECK_SYNC, []))
+
+    async def check_beat(self) -> None:
+        """Every few seconds: admission hears the feed's number even when nothing
+        changes, so a message lost on a quiet cluster is found missing."""
+        self.queue.put_nowait((CHECK_BEAT, []))
+
     async def run_observer(self, stop: asyncio.Event) -> None:
         stopping = asyncio.ensure_future(stop.wait())
         try:
@@ -384,9 +404,23 @@ class Placer:
         went out: one NATS write, one ack read and one wake-up of this loop per event.
         Side by side, the client's flusher carries many jobs' events in one write."""
         due: dict[Key, dict[str, Derived]] = {}
+        checks: list[events_pb2.CheckedWorkloads] = []
+        beat = False
         for kind, changes in reads:
+            if kind == CHECK_SYNC:  # admission asked for every Workload it decides on
+                if WORKLOADS in self._listed:  # else the first list sends it
+                    checks += self.checks.full()
+                continue
+            if kind == CHECK_BEAT:
+                beat = True
+                continue
             for etype, obj in changes:
                 try:  # one object the observer cannot read must not stop it
+                    if kind == WORKLOADS and self.settings.runway_check:
+                        if etype == "RELIST":
+                            checks += self.checks.full(obj)
+                        else:
+                            self.checks.note(obj, etype == "DELETED")
                     for key in self._observed_keys(kind, etype, obj):
                         view = self.views.get(key)
                         if view is None:
@@ -396,6 +430,15 @@ class Placer:
                             events.setdefault(event.event_id, event)
                 except Exception:
                     log.exception("observing %s %s failed", etype, kind)
+        if (delta := self.checks.take()) is not None:
+            checks.append(delta)
+        if beat and not checks and WORKLOADS in self._listed and self.settings.runway_check:
+            checks.append(self.checks.beat())
+        if checks and self.publish_checks is not None:
+            try:  # lost: admission sees the gap in their numbers and asks for a full set
+                await self.publish_checks(checks)
+            except Exception as exc:
+                log.warning("forwarding %d runway-check messages failed: %s", len(checks), exc)
         keys = list(due)
         for at in range(0, len(keys), PUBLISH_FANOUT):
             await asyncio.gather(*(self._settle(key, list(due[key].values()))

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.integration
 
 # A subject of each kind a Kestrel service publishes on.
 SUBJECTS = ["kestrel.runway.{t}", "kestrel.workload.{t}.finished", "kestrel.jobs.admitted.{t}",
-            "kestrel.jobs.state.{t}", "kestrel.deadletter.meter", "kestrel.deadletter.placer"]
+            "kestrel.jobs.state.{t}", "kestrel.deadletter.meter", "kestrel.deadletter.placer",
+            "kestrel.checks.workloads", "kestrel.checks.sync"]
 
 
 async def _user(stack: Stack, user: str, errors: list[str]) -> NATS:

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import threading
 from decimal import Decimal
-from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
+from kestrel.checkfeed import WorkloadView, view
 from kestrel.jobs import JobRow, JobState
 from kestrel.v1 import common_pb2
-from services.admission.kueue import Kueue, RunwayCheckController, idle_wait_s, view
+from services.admission.kueue import RunwayCheckController, idle_wait_s
 from services.admission.runway_check import (
     CheckState,
     Money,
-    WorkloadView,
     changes,
     decides_alike,
     money_of,
@@ -165,71 +161,6 @@ def test_a_runway_that_decides_alike_wakes_no_tenant_pass() -> None:
     assert rc.stale == set() and rc.money["acme"] == Money(Decimal(10), Decimal(7))
     rc.heard(common_pb2.Runway(tenant="acme", credits="10", charged="10"))
     assert rc.stale == {"acme"}  # spent: its Workloads wait, admitted ones stop
-
-
-def test_the_workload_watch_goes_on_from_where_it_ended_and_relists_only_on_a_break() -> None:
-    """A watch the apiserver ends (every minute) is resumed from its last
-    resourceVersion, bookmarks included; only an error (410 Gone) lists again."""
-    calls: list[str] = []
-    halt = threading.Event()
-
-    class FakeKueue:
-        lists = 0
-
-        def workloads(self) -> tuple[list[dict[str, Any]], str]:
-            self.lists += 1
-            calls.append("list")
-            return [], "5" if self.lists == 1 else "40"
-
-        def watch(self, rv: str, stop: threading.Event, emit: Any) -> str:
-            calls.append(f"watch {rv}")
-            if rv == "5":
-                return "9"  # timed out; the last event or bookmark seen was at 9
-            if rv == "9":
-                raise ApiException(status=410, reason="Gone")
-            halt.set()
-            return rv
-
-    class Loop:
-        def call_soon_threadsafe(self, fn: Any, *args: Any) -> None:
-            fn(*args)
-
-    rc = RunwayCheckController(None, "", "kestrel-runway")  # type: ignore[arg-type]
-    rc._watch_forever(FakeKueue(), Loop(), halt)  # type: ignore[arg-type]
-    assert calls == ["list", "watch 5", "watch 9", "list", "watch 40"]
-
-
-def test_a_read_of_the_workload_watch_is_applied_at_once_in_order_to_its_last_version() -> None:
-    """Kueue.watch hands the events of one read over together (one wake-up of the
-    event loop), leaves bookmarks out but resumes after them."""
-    def ev(kind: str, name: str, rv: str) -> bytes:
-        obj = {"metadata": {"namespace": "kestrel-acme", "name": name, "resourceVersion": rv}}
-        return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
-
-    class Response:
-        status, reason = 200, "OK"
-
-        def stream(self, amt: Any = None, decode_content: bool = True) -> Any:
-            yield ev("ADDED", "a", "1") + ev("MODIFIED", "a", "2")
-            yield ev("DELETED", "a", "3") + ev("BOOKMARK", "", "4")
-
-        def close(self) -> None:
-            pass
-
-        def release_conn(self) -> None:
-            pass
-
-    class Custom:
-        def list_cluster_custom_object(self, *args: Any, **kw: Any) -> Response:
-            return Response()
-
-    kueue = Kueue.__new__(Kueue)
-    kueue.custom = Custom()
-    emitted: list[list[tuple[str, str]]] = []
-    rv = kueue.watch("0", threading.Event(), lambda changes: emitted.append(
-        [(t, o["metadata"]["resourceVersion"]) for t, o in changes]))
-    assert rv == "4"
-    assert emitted == [[("ADDED", "1"), ("MODIFIED", "2")], [("DELETED", "3")]]
 
 
 @pytest.mark.parametrize(("now", "full_at", "active_at", "retry", "wait"), [

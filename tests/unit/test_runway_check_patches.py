@@ -13,9 +13,10 @@ from decimal import Decimal
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from kestrel.checkfeed import WorkloadView
 from kestrel.jobs import JobRow, JobState
 from services.admission.kueue import PATCH_CONCURRENCY, RunwayCheckController
-from services.admission.runway_check import Money, Verdict, WorkloadView, verdict
+from services.admission.runway_check import Money, Verdict, verdict
 
 CHECK = "kestrel-runway"
 

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file kestrel/v1/events.proto.
  */
 export const file_kestrel_v1_events: GenFile = /*@__PURE__*/
-  fileDesc("ChdrZXN0cmVsL3YxL2V2ZW50cy5wcm90bxIKa2VzdHJlbC52MSKbAgoNV29ya2xvYWRFdmVudBIQCghldmVudF9pZBgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSEwoLd29ya2xvYWRfaWQYAyABKAkSJgoEa2luZBgEIAEoDjIYLmtlc3RyZWwudjEuV29ya2xvYWRLaW5kEisKBHR5cGUYBSABKA4yHS5rZXN0cmVsLnYxLldvcmtsb2FkRXZlbnRUeXBlEg8KB3RpbWVfdXMYBiABKAMSDgoGZmxhdm9yGAcgASgJEgwKBGdwdXMYCCABKAUSDgoGcmVhc29uGAkgASgJEhUKDWs4c19uYW1lc3BhY2UYCiABKAkSEAoIazhzX25hbWUYCyABKAkSFgoObWF4X2R1cmF0aW9uX3MYDCABKAMieQoNUnVud2F5Q2hhbmdlZBIiCgZydW53YXkYASABKAsyEi5rZXN0cmVsLnYxLlJ1bndheRIuCgZyZWFzb24YAiABKA4yHi5rZXN0cmVsLnYxLlJ1bndheUNoYW5nZVJlYXNvbhIUCgxjb21taXR0ZWRfdXMYAyABKAMiaQoLSm9iQWRtaXR0ZWQSHAoDam9iGAEgASgLMg8ua2VzdHJlbC52MS5Kb2ISEAoIcmVzZXJ2ZWQYAiABKAkSFQoNcHJpY2VkX2ZsYXZvchgDIAEoCRITCgthZG1pdHRlZF91cxgEIAEoAyKkAQoPSm9iU3RhdGVDaGFuZ2VkEg4KBmpvYl9pZBgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSKAoKZnJvbV9zdGF0ZRgDIAEoDjIULmtlc3RyZWwudjEuSm9iU3RhdGUSJgoIdG9fc3RhdGUYBCABKA4yFC5rZXN0cmVsLnYxLkpvYlN0YXRlEg4KBnJlYXNvbhgFIAEoCRIPCgd0aW1lX3VzGAYgASgDIqkBCg5FbmRwb2ludFNjYWxlZBIOCgZ0ZW5hbnQYASABKAkSEAoIZW5kcG9pbnQYAiABKAkSFQoNZnJvbV9yZXBsaWNhcxgDIAEoBRITCgt0b19yZXBsaWNhcxgEIAEoBRIOCgZyZWFzb24YBSABKAkSDwoHdGltZV91cxgGIAEoAxIQCghydW53YXlfcxgHIAEoARIWCg5wcm9qZWN0ZWRfY29zdBgIIAEoCSqhAgoRV29ya2xvYWRFdmVudFR5cGUSIwofV09SS0xPQURfRVZFTlRfVFlQRV9VTlNQRUNJRklFRBAAEiAKHFdPUktMT0FEX0VWRU5UX1RZUEVfQURNSVRURUQQARIfChtXT1JLTE9BRF9FVkVOVF9UWVBFX1NUQVJURUQQAhIgChxXT1JLTE9BRF9FVkVOVF9UWVBFX0ZJTklTSEVEEAMSHwobV09SS0xPQURfRVZFTlRfVFlQRV9FVklDVEVEEAQSHgoaV09SS0xPQURfRVZFTlRfVFlQRV9GQUlMRUQQBRIeChpXT1JLTE9BRF9FVkVOVF9UWVBFX1FVRVVFRBAGEiEKHVdPUktMT0FEX0VWRU5UX1RZUEVfQ0FOQ0VMTEVEEAcqsQMKElJ1bndheUNoYW5nZVJlYXNvbhIkCiBSVU5XQVlfQ0hBTkdFX1JFQVNPTl9VTlNQRUNJRklFRBAAEh8KG1JVTldBWV9DSEFOR0VfUkVBU09OX1RPUF9VUBABEioKJlJVTldBWV9DSEFOR0VfUkVBU09OX0FMTE9DQVRJT05fT1BFTkVEEAISKgomUlVOV0FZX0NIQU5HRV9SRUFTT05fQUxMT0NBVElPTl9DTE9TRUQQAxIdChlSVU5XQVlfQ0hBTkdFX1JFQVNPTl9USUNLEAQSJQohUlVOV0FZX0NIQU5HRV9SRUFTT05fVEhSRVNIT0xEXzUwEAUSJQohUlVOV0FZX0NIQU5HRV9SRUFTT05fVEhSRVNIT0xEXzEwEAYSIgoeUlVOV0FZX0NIQU5HRV9SRUFTT05fRVhIQVVTVEVEEAcSJAogUlVOV0FZX0NIQU5HRV9SRUFTT05fUkVTRVJWQVRJT04QCBIgChxSVU5XQVlfQ0hBTkdFX1JFQVNPTl9TVEFSVFVQEAkSIwofUlVOV0FZX0NIQU5HRV9SRUFTT05fQURKVVNUTUVOVBAKYgZwcm90bzM", [file_kestrel_v1_common]);
+  fileDesc("ChdrZXN0cmVsL3YxL2V2ZW50cy5wcm90bxIKa2VzdHJlbC52MSKbAgoNV29ya2xvYWRFdmVudBIQCghldmVudF9pZBgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSEwoLd29ya2xvYWRfaWQYAyABKAkSJgoEa2luZBgEIAEoDjIYLmtlc3RyZWwudjEuV29ya2xvYWRLaW5kEisKBHR5cGUYBSABKA4yHS5rZXN0cmVsLnYxLldvcmtsb2FkRXZlbnRUeXBlEg8KB3RpbWVfdXMYBiABKAMSDgoGZmxhdm9yGAcgASgJEgwKBGdwdXMYCCABKAUSDgoGcmVhc29uGAkgASgJEhUKDWs4c19uYW1lc3BhY2UYCiABKAkSEAoIazhzX25hbWUYCyABKAkSFgoObWF4X2R1cmF0aW9uX3MYDCABKAMieQoNUnVud2F5Q2hhbmdlZBIiCgZydW53YXkYASABKAsyEi5rZXN0cmVsLnYxLlJ1bndheRIuCgZyZWFzb24YAiABKA4yHi5rZXN0cmVsLnYxLlJ1bndheUNoYW5nZVJlYXNvbhIUCgxjb21taXR0ZWRfdXMYAyABKAMiaQoLSm9iQWRtaXR0ZWQSHAoDam9iGAEgASgLMg8ua2VzdHJlbC52MS5Kb2ISEAoIcmVzZXJ2ZWQYAiABKAkSFQoNcHJpY2VkX2ZsYXZvchgDIAEoCRITCgthZG1pdHRlZF91cxgEIAEoAyKkAQoPSm9iU3RhdGVDaGFuZ2VkEg4KBmpvYl9pZBgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSKAoKZnJvbV9zdGF0ZRgDIAEoDjIULmtlc3RyZWwudjEuSm9iU3RhdGUSJgoIdG9fc3RhdGUYBCABKA4yFC5rZXN0cmVsLnYxLkpvYlN0YXRlEg4KBnJlYXNvbhgFIAEoCRIPCgd0aW1lX3VzGAYgASgDIqkBCg5FbmRwb2ludFNjYWxlZBIOCgZ0ZW5hbnQYASABKAkSEAoIZW5kcG9pbnQYAiABKAkSFQoNZnJvbV9yZXBsaWNhcxgDIAEoBRITCgt0b19yZXBsaWNhcxgEIAEoBRIOCgZyZWFzb24YBSABKAkSDwoHdGltZV91cxgGIAEoAxIQCghydW53YXlfcxgHIAEoARIWCg5wcm9qZWN0ZWRfY29zdBgIIAEoCSLHAQoPQ2hlY2tlZFdvcmtsb2FkEhEKCW5hbWVzcGFjZRgBIAEoCRIMCgRuYW1lGAIgASgJEg4KBmpvYl9pZBgDIAEoCRITCgtjaGVja19zdGF0ZRgEIAEoCRIVCg1jaGVja19tZXNzYWdlGAUgASgJEhAKCGFkbWl0dGVkGAYgASgIEg4KBmFjdGl2ZRgHIAEoCBIQCghmaW5pc2hlZBgIIAEoCBITCgtjaGVja19pbmRleBgJIAEoDRIOCgZ0ZW5hbnQYCiABKAkiewoQQ2hlY2tlZFdvcmtsb2FkcxINCgVlcG9jaBgBIAEoCRILCgNzZXEYAiABKAQSDQoFcmVzZXQYAyABKAgSLgoJd29ya2xvYWRzGAQgAygLMhsua2VzdHJlbC52MS5DaGVja2VkV29ya2xvYWQSDAoEZ29uZRgFIAMoCSIiChBDaGVja1N5bmNSZXF1ZXN0Eg4KBnJlYXNvbhgBIAEoCSqhAgoRV29ya2xvYWRFdmVudFR5cGUSIwofV09SS0xPQURfRVZFTlRfVFlQRV9VTlNQRUNJRklFRBAAEiAKHFdPUktMT0FEX0VWRU5UX1RZUEVfQURNSVRURUQQARIfChtXT1JLTE9BRF9FVkVOVF9UWVBFX1NUQVJURUQQAhIgChxXT1JLTE9BRF9FVkVOVF9UWVBFX0ZJTklTSEVEEAMSHwobV09SS0xPQURfRVZFTlRfVFlQRV9FVklDVEVEEAQSHgoaV09SS0xPQURfRVZFTlRfVFlQRV9GQUlMRUQQBRIeChpXT1JLTE9BRF9FVkVOVF9UWVBFX1FVRVVFRBAGEiEKHVdPUktMT0FEX0VWRU5UX1RZUEVfQ0FOQ0VMTEVEEAcqsQMKElJ1bndheUNoYW5nZVJlYXNvbhIkCiBSVU5XQVlfQ0hBTkdFX1JFQVNPTl9VTlNQRUNJRklFRBAAEh8KG1JVTldBWV9DSEFOR0VfUkVBU09OX1RPUF9VUBABEioKJlJVTldBWV9DSEFOR0VfUkVBU09OX0FMTE9DQVRJT05fT1BFTkVEEAISKgomUlVOV0FZX0NIQU5HRV9SRUFTT05fQUxMT0NBVElPTl9DTE9TRUQQAxIdChlSVU5XQVlfQ0hBTkdFX1JFQVNPTl9USUNLEAQSJQohUlVOV0FZX0NIQU5HRV9SRUFTT05fVEhSRVNIT0xEXzUwEAUSJQohUlVOV0FZX0NIQU5HRV9SRUFTT05fVEhSRVNIT0xEXzEwEAYSIgoeUlVOV0FZX0NIQU5HRV9SRUFTT05fRVhIQVVTVEVEEAcSJAogUlVOV0FZX0NIQU5HRV9SRUFTT05fUkVTRVJWQVRJT04QCBIgChxSVU5XQVlfQ0hBTkdFX1JFQVNPTl9TVEFSVFVQEAkSIwofUlVOV0FZX0NIQU5HRV9SRUFTT05fQURKVVNUTUVOVBAKYgZwcm90bzM", [file_kestrel_v1_common]);
 
 /**
  * kestrel.workload.<tenant>.<queued|admitted|started|finished|evicted|failed|cancelled>
@@ -275,6 +275,146 @@ export type EndpointScaled = Message<"kestrel.v1.EndpointScaled"> & {
  */
 export const EndpointScaledSchema: GenMessage<EndpointScaled> = /*@__PURE__*/
   messageDesc(file_kestrel_v1_events, 4);
+
+/**
+ * The runway AdmissionCheck's part of one Kueue Workload (its entry in
+ * status.admissionChecks and the conditions its verdict reads).
+ *
+ * @generated from message kestrel.v1.CheckedWorkload
+ */
+export type CheckedWorkload = Message<"kestrel.v1.CheckedWorkload"> & {
+  /**
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * The owning Job's name: the Kestrel job id.
+   *
+   * @generated from field: string job_id = 3;
+   */
+  jobId: string;
+
+  /**
+   * The check entry's state and message ("Pending", "Ready", ...).
+   *
+   * @generated from field: string check_state = 4;
+   */
+  checkState: string;
+
+  /**
+   * @generated from field: string check_message = 5;
+   */
+  checkMessage: string;
+
+  /**
+   * @generated from field: bool admitted = 6;
+   */
+  admitted: boolean;
+
+  /**
+   * @generated from field: bool active = 7;
+   */
+  active: boolean;
+
+  /**
+   * @generated from field: bool finished = 8;
+   */
+  finished: boolean;
+
+  /**
+   * Position of the entry in status.admissionChecks (the JSON Patch path).
+   *
+   * @generated from field: uint32 check_index = 9;
+   */
+  checkIndex: number;
+
+  /**
+   * @generated from field: string tenant = 10;
+   */
+  tenant: string;
+};
+
+/**
+ * Describes the message kestrel.v1.CheckedWorkload.
+ * Use `create(CheckedWorkloadSchema)` to create a new message.
+ */
+export const CheckedWorkloadSchema: GenMessage<CheckedWorkload> = /*@__PURE__*/
+  messageDesc(file_kestrel_v1_events, 5);
+
+/**
+ * kestrel.checks.workloads (core NATS, not a stream) — published by the placer, the one
+ * Kestrel process that watches Kueue's Workloads, to admission, which answers the
+ * runway check. Each message carries the changes of one watch read; `seq` numbers the
+ * messages of one placer run (`epoch`), so a gap or a new epoch is seen and answered
+ * with a full set (kestrel.checks.sync).
+ *
+ * @generated from message kestrel.v1.CheckedWorkloads
+ */
+export type CheckedWorkloads = Message<"kestrel.v1.CheckedWorkloads"> & {
+  /**
+   * @generated from field: string epoch = 1;
+   */
+  epoch: string;
+
+  /**
+   * @generated from field: uint64 seq = 2;
+   */
+  seq: bigint;
+
+  /**
+   * The first part of a full set: what was held before it is dropped.
+   *
+   * @generated from field: bool reset = 3;
+   */
+  reset: boolean;
+
+  /**
+   * Workloads carrying the check, as they are now.
+   *
+   * @generated from field: repeated kestrel.v1.CheckedWorkload workloads = 4;
+   */
+  workloads: CheckedWorkload[];
+
+  /**
+   * namespace/name of Workloads deleted or no longer carrying the check.
+   *
+   * @generated from field: repeated string gone = 5;
+   */
+  gone: string[];
+};
+
+/**
+ * Describes the message kestrel.v1.CheckedWorkloads.
+ * Use `create(CheckedWorkloadsSchema)` to create a new message.
+ */
+export const CheckedWorkloadsSchema: GenMessage<CheckedWorkloads> = /*@__PURE__*/
+  messageDesc(file_kestrel_v1_events, 6);
+
+/**
+ * kestrel.checks.sync — admission asks the placer for a full set (at start, and after a
+ * gap in the sequence). The reply is the full set on kestrel.checks.workloads.
+ *
+ * @generated from message kestrel.v1.CheckSyncRequest
+ */
+export type CheckSyncRequest = Message<"kestrel.v1.CheckSyncRequest"> & {
+  /**
+   * @generated from field: string reason = 1;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message kestrel.v1.CheckSyncRequest.
+ * Use `create(CheckSyncRequestSchema)` to create a new message.
+ */
+export const CheckSyncRequestSchema: GenMessage<CheckSyncRequest> = /*@__PURE__*/
+  messageDesc(file_kestrel_v1_events, 7);
 
 /**
  * Event type of a workload's lifecycle, as observed on Kubernetes.
