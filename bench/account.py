@@ -28,6 +28,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
             "kwok", "kueue", "postgres", "nats-server", "redis-server")
 WRITES = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE"})
+READS = frozenset({"GET", "LIST"})
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -77,20 +78,30 @@ def kestrel_share(cpu: Mapping[str, float]) -> float:
 
 def parse_api(metrics: str) -> dict[str, float]:
     """From the apiserver's /metrics text: ``writes <resource>`` (all clients, all
-    write verbs, any response code) and ``watch events <resource>`` (sent to watchers)."""
+    write verbs, any response code), ``reads <resource>`` and ``reads all`` (GET and
+    LIST), ``watch events <resource>`` (sent to watchers) and ``watch bytes
+    <resource>`` (their size). Reads and sizes are what the apiserver does beyond the
+    writes and the event count: a client that GETs, or bigger objects, show there."""
     out: dict[str, float] = {}
+
+    def add(key: str, value: float) -> None:
+        out[key] = out.get(key, 0.0) + value
+
     for line in metrics.splitlines():
         if line.startswith("apiserver_request_total{"):
             labels = dict(_LABEL.findall(line))
-            if labels.get("verb") not in WRITES:
-                continue
-            key = f"writes {labels.get('resource', '?')}"
+            verb, resource = labels.get("verb"), labels.get("resource", "?")
+            if verb in WRITES:
+                add(f"writes {resource}", float(line.rsplit(" ", 1)[1]))
+            elif verb in READS:
+                add(f"reads {resource}", float(line.rsplit(" ", 1)[1]))
+                add("reads all", float(line.rsplit(" ", 1)[1]))
         elif line.startswith("apiserver_watch_events_total{"):
             labels = dict(_LABEL.findall(line))
-            key = f"watch events {labels.get('resource', '?')}"
-        else:
-            continue
-        out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+            add(f"watch events {labels.get('resource', '?')}", float(line.rsplit(" ", 1)[1]))
+        elif line.startswith("apiserver_watch_events_sizes_sum{"):
+            labels = dict(_LABEL.findall(line))
+            add(f"watch bytes {labels.get('resource', '?')}", float(line.rsplit(" ", 1)[1]))
     return out
 
 

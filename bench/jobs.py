@@ -217,7 +217,9 @@ def events_table(counts: Counter[tuple[str, str, str]], m: int, top: int = 12) -
 
 
 API_ROWS = ("writes workloads", "writes jobs", "writes pods", "writes events",
+            "reads all", "reads workloads", "reads jobs", "reads pods",
             "watch events workloads", "watch events jobs", "watch events pods")
+KB_ROWS = ("watch bytes workloads", "watch bytes pods")
 
 
 def bill_table(bills: dict[str, Bill], rates: dict[str, float], m: int) -> Table:
@@ -241,6 +243,9 @@ def bill_table(bills: dict[str, Bill], rates: dict[str, float], m: int) -> Table
               *(f"{base / total[r]:.2f}" if total[r] else "-" for r in runs), end_section=True)
     for n in API_ROWS:
         t.add_row(f"apiserver {n}", *(f"{bills[r].api.get(n, 0.0) / m:.2f}" for r in runs))
+    for n in KB_ROWS:
+        t.add_row(f"apiserver {n.replace('bytes', 'KB')}",
+                  *(f"{bills[r].api.get(n, 0.0) / 1024 / m:.1f}" for r in runs))
     return t
 
 

@@ -70,7 +70,9 @@ def test_the_apiserver_counters_sum_write_verbs_per_resource_and_watch_events() 
         'apiserver_watch_events_total{group="",resource="pods",version="v1"} 40',
         'apiserver_watch_events_sizes_sum{group="",resource="pods",version="v1"} 12345',
     ])
-    assert parse_api(metrics) == {"writes workloads": 19.0, "watch events pods": 40.0}
+    assert parse_api(metrics) == {"writes workloads": 19.0, "watch events pods": 40.0,
+                                  "reads pods": 5.0, "reads all": 5.0,
+                                  "watch bytes pods": 12345.0}
 
 
 def test_spent_is_what_each_counter_gained_and_new_counters_count_whole() -> None:
