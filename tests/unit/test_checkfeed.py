@@ -220,3 +220,42 @@ def test_a_message_lost_on_a_quiet_cluster_is_found_at_the_next_beat() -> None:
     inbox.accept(sent[0])
     # The change is lost; nothing else changes; the beat shows the gap.
     assert inbox.accept(sent[2])[2]
+
+
+def test_admission_answers_garbage_on_the_feed_by_asking_for_a_full_set() -> None:
+    """Core NATS has no dead letters: an unusable message is logged, nothing held is
+    touched, and a full set is asked for, which mends whatever it was."""
+    from services.admission.app import follow_checks
+
+    class Msg:
+        def __init__(self, data: bytes, headers: dict[str, str] | None = None) -> None:
+            self.data, self.headers = data, headers
+
+    class Nats:
+        def __init__(self) -> None:
+            self.cb: Any = None
+            self.asked: list[str] = []
+
+        async def subscribe(self, subject: str, cb: Any) -> None:
+            assert subject == checkfeed.SUBJECT
+            self.cb = cb
+
+        async def publish(self, subject: str, data: bytes, headers: Any = None) -> None:
+            assert subject == checkfeed.SYNC_SUBJECT
+            self.asked.append(events_pb2.CheckSyncRequest.FromString(data).reason)
+
+    async def main() -> tuple[Nats, RunwayCheckController]:
+        nc, rc = Nats(), RunwayCheckController(None, "", CHECK)  # type: ignore[arg-type]
+        await follow_checks(nc, rc)  # type: ignore[arg-type]
+        for part in Outbox(CHECK, epoch="e").full([workload("job-a")]):
+            await nc.cb(Msg(part.SerializeToString(),
+                            {"Kestrel-Type": "kestrel.v1.CheckedWorkloads"}))
+        rc.asked_at -= 1.0
+        await nc.cb(Msg(b"\xff\xfe not a message"))
+        rc.asked_at -= 1.0
+        await nc.cb(Msg(b"", {"Kestrel-Type": "kestrel.v1.RunwayChanged"}))
+        return nc, rc
+
+    nc, rc = asyncio.run(main())
+    assert nc.asked == ["admission started", "an unusable message", "an unusable message"]
+    assert list(rc.views) == ["kestrel-acme/job-a"]
