@@ -183,8 +183,6 @@ class Inbox:
             self.whole = False
         self.epoch, self.seq = msg.epoch, msg.seq
         gone = [k for k in msg.gone if self.views.pop(k, None) is not None]
-        if msg.reset:
-            gone = []
         changed = [from_wire(w) for w in msg.workloads]
         for v in changed:
             self.views[v.key] = v
