@@ -30,6 +30,8 @@ BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler
 WRITES = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE"})
 READS = frozenset({"GET", "LIST"})
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
+_API_SERIES = frozenset({"apiserver_request_total", "apiserver_watch_events_total",
+                         "apiserver_watch_events_sizes_sum"})
 
 
 def component(comm: str, argv: list[str]) -> str:
@@ -88,20 +90,20 @@ def parse_api(metrics: str) -> dict[str, float]:
         out[key] = out.get(key, 0.0) + value
 
     for line in metrics.splitlines():
-        if line.startswith("apiserver_request_total{"):
-            labels = dict(_LABEL.findall(line))
-            verb, resource = labels.get("verb"), labels.get("resource", "?")
-            if verb in WRITES:
-                add(f"writes {resource}", float(line.rsplit(" ", 1)[1]))
-            elif verb in READS:
-                add(f"reads {resource}", float(line.rsplit(" ", 1)[1]))
-                add("reads all", float(line.rsplit(" ", 1)[1]))
-        elif line.startswith("apiserver_watch_events_total{"):
-            labels = dict(_LABEL.findall(line))
-            add(f"watch events {labels.get('resource', '?')}", float(line.rsplit(" ", 1)[1]))
-        elif line.startswith("apiserver_watch_events_sizes_sum{"):
-            labels = dict(_LABEL.findall(line))
-            add(f"watch bytes {labels.get('resource', '?')}", float(line.rsplit(" ", 1)[1]))
+        name, _, rest = line.partition("{")
+        if name not in _API_SERIES:
+            continue
+        labels = dict(_LABEL.findall(rest))
+        resource, value = labels.get("resource", "?"), float(line.rsplit(" ", 1)[1])
+        if name == "apiserver_watch_events_total":
+            add(f"watch events {resource}", value)
+        elif name == "apiserver_watch_events_sizes_sum":
+            add(f"watch bytes {resource}", value)
+        elif labels.get("verb") in WRITES:
+            add(f"writes {resource}", value)
+        elif labels.get("verb") in READS:
+            add(f"reads {resource}", value)
+            add("reads all", value)
     return out
 
 
