@@ -20,6 +20,10 @@
 4. The ledger: each job's GPU-seconds against gpus x (Finished - Admitted) from
    Kubernetes' own timestamps, and any GPU-seconds beyond gpus x max_duration.
 5. The no-op check again, after the plane's services and Jobs are gone.
+
+With --profile, each phase also takes the apiserver's CPU profile and the run ends
+with where the apiserver's CPU per job went, by kind of work (bench/apiprof.py). The
+profiler's own cost is in that run's rates, which are therefore not figures of record.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import asyncpg
 from rich.console import Console
 from rich.table import Table
 
-from bench import account
+from bench import account, apiprof
 from bench.cluster_check import bench as kueue_direct
 from bench.cluster_check import steady_rate
 from kestrel import cluster, kubework
@@ -249,7 +253,7 @@ def bill_table(bills: dict[str, Bill], rates: dict[str, float], m: int) -> Table
     return t
 
 
-async def run(m: int, workers: int, keep: bool) -> int:
+async def run(m: int, workers: int, keep: bool, profile: bool = False) -> int:
     was_up = await asyncio.to_thread(cluster.is_up)
     info = await asyncio.to_thread(cluster.ensure_cluster,
                                    lambda s: console.print(f"  [dim]cluster[/dim] {s}"))
@@ -258,6 +262,25 @@ async def run(m: int, workers: int, keep: bool) -> int:
                   f"{sum(QUOTA.values())} GPUs")
     console.print("(1) straight to Kueue")
     bills: dict[str, Bill] = {}
+
+    prof_dir = REPO / ".run" / "bench-jobs-profiles"
+    captures: dict[str, apiprof.Capture] = {}
+    if profile:
+        shutil.rmtree(prof_dir, ignore_errors=True)
+        prof_dir.mkdir(parents=True)
+
+    def profiling(run: str) -> apiprof.Capture | None:
+        if not profile:
+            return None
+        cap = captures[run] = apiprof.Capture(cluster.api_client(),
+                                              prof_dir / f"{run.replace(' ', '-')}.pprof")
+        cap.start()
+        return cap
+
+    async def profiled(cap: apiprof.Capture | None) -> None:
+        if cap is not None:  # one begun runs to its end, a little past the phase
+            cap.cancel()
+            await asyncio.to_thread(cap.join)
 
     def bill(run: str, before: Bill) -> None:
         after = snapshot()
@@ -268,8 +291,12 @@ async def run(m: int, workers: int, keep: bool) -> int:
         """The M jobs created straight in Kueue (behind the no-op check if asked),
         billed as `run`."""
         before = snapshot()
-        result = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()),
-                                         noop_check, functools.partial(bill, run, before))
+        cap = profiling(run)
+        try:
+            result = await asyncio.to_thread(kueue_direct, api, m, 1, 8, sum(QUOTA.values()),
+                                             noop_check, functools.partial(bill, run, before))
+        finally:
+            await profiled(cap)
         console.print(f"    {result['rate']:.1f} admitted/s")
         return result
 
@@ -295,8 +322,12 @@ async def run(m: int, workers: int, keep: bool) -> int:
             await asyncio.to_thread(p.start)
         console.print("(2) through the plane: gateway -> admission -> placer -> Kueue")
         before = snapshot()
-        plane_rate, plane_steady, lat, job_ids = await plane_run(gw, m, workers)
-        bill("plane", before)
+        cap = profiling("plane")
+        try:
+            plane_rate, plane_steady, lat, job_ids = await plane_run(gw, m, workers)
+            bill("plane", before)
+        finally:
+            await profiled(cap)
         console.print(f"    {plane_rate:.1f} admitted/s")
         console.print("(3) the gate: budget withdrawn while the tenant submits")
         gate_ms = await gate_run(gw)
@@ -390,6 +421,14 @@ async def run(m: int, workers: int, keep: bool) -> int:
              "no-op after": noop_after["rate"]}
     Console().print(bill_table(bills, rates, m))
     Console().print(events_table(plane_events, m))
+    if profile:
+        go = apiprof.go_binary()
+        summaries = {r: (apiprof.summarise(c.path, go) if c.error is None else c.error)
+                     for r, c in captures.items()}
+        Console().print(apiprof.table(summaries, {
+            r: bills[r].cpu.get("kube-apiserver", 0.0) * 1000 / m for r in bills}))
+        console.print(f"profiles in {prof_dir} (go tool pprof -http=: FILE); this run's "
+                      "rates include the profiler's cost")
     print(f"jobs: n={m} plane_admit_per_s={plane_rate:.1f} "
           f"kueue_direct_admit_per_s={direct['rate']:.1f} "
           f"check_admit_per_s={check_rate:.1f} ratio={ratio:.2f} "
@@ -405,8 +444,10 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile the apiserver in each phase (bench/apiprof.py)")
     args = ap.parse_args()
-    sys.exit(asyncio.run(run(args.jobs, args.workers, args.keep)))
+    sys.exit(asyncio.run(run(args.jobs, args.workers, args.keep, args.profile)))
 
 
 if __name__ == "__main__":
