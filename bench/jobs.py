@@ -21,6 +21,11 @@
    Kubernetes' own timestamps, and any GPU-seconds beyond gpus x max_duration.
 5. The no-op check again, after the plane's services and Jobs are gone.
 
+Before each of the four measured phases the Kueue manager is restarted and the
+machine left to settle (kestrel.cluster.restart_kueue says why): otherwise a
+phase could inherit Kueue's 6-minute flush of the event series that earlier
+phases' namespace deletions left behind, and with it a stall of up to a minute.
+
 With --profile, each phase also takes the apiserver's CPU profile and the run ends
 with where the apiserver's CPU per job went, by kind of work (bench/apiprof.py). The
 profiler's own cost is in that run's rates, which are therefore not figures of record.
@@ -282,6 +287,15 @@ async def run(m: int, workers: int, keep: bool, profile: bool = False) -> int:
             cap.cancel()
             await asyncio.to_thread(cap.join)
 
+    async def fresh_kueue(run: str) -> None:
+        """A new Kueue manager, and a quiet machine, before phase `run`."""
+        t0 = time.monotonic()
+        await asyncio.to_thread(cluster.restart_kueue, lambda s: None)
+        waited, left = await account.settle()
+        console.print(f"    [dim]before {run}: Kueue restarted in "
+                      f"{time.monotonic() - t0 - waited:.1f} s, then settled {waited:.1f} s "
+                      f"({left:.2f} cores busy)[/dim]")
+
     def bill(run: str, before: Bill) -> None:
         after = snapshot()
         bills[run] = Bill(account.spent(before.cpu, after.cpu),
@@ -290,6 +304,7 @@ async def run(m: int, workers: int, keep: bool, profile: bool = False) -> int:
     async def straight_to_kueue(run: str, noop_check: bool) -> dict[str, float]:
         """The M jobs created straight in Kueue (behind the no-op check if asked),
         billed as `run`."""
+        await fresh_kueue(run)
         before = snapshot()
         cap = profiling(run)
         try:
@@ -321,6 +336,7 @@ async def run(m: int, workers: int, keep: bool, profile: bool = False) -> int:
         for p in procs:
             await asyncio.to_thread(p.start)
         console.print("(2) through the plane: gateway -> admission -> placer -> Kueue")
+        await fresh_kueue("plane")
         before = snapshot()
         cap = profiling("plane")
         try:

@@ -288,3 +288,21 @@ def test_a_second_apiserver_answers_while_the_first_is_dead(cluster_up: kc.Clust
         kc.stop_apiserver_replica(lambda s: None)
     assert kc.apiserver_replica_pid() is None
     assert wait_for("the restarted apiserver to be ready", kc.apiserver_ready)
+
+
+def test_a_restarted_kueue_is_a_new_manager_that_admits_against_the_same_quota(
+        api: Any, tenant: str) -> None:
+    """restart_kueue (bench-jobs runs it before each phase): a new manager process,
+    ready on return, that picks up the ClusterQueues and admits as the old one did."""
+    before = kc.kueue_pid()
+    kc.restart_kueue(lambda s: None)
+    after = kc.kueue_pid()
+    assert before is not None and after is not None and after != before
+    assert kc.kueue_ready()
+    job = submit(api, tenant, "after-restart", gpus=8, duration_s=1)
+    wl = wait_for("workload admitted by the new manager", lambda: (
+        (w := workload(api, tenant, job.metadata.uid)) and kw.condition_true(w, "Admitted")
+        and w))
+    assert wl["status"]["admission"]["clusterQueue"] == tenant
+    assert wait_for("job finished", lambda: job_finished(api, tenant, "after-restart")) \
+        == "Complete"
