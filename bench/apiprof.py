@@ -68,7 +68,8 @@ def shares(top: str) -> tuple[float, dict[str, float]]:
 
 
 def go_binary() -> str | None:
-    """`go`, for its pprof: on PATH, or where cluster/build.sh's toolchain lives."""
+    """`go`, for its pprof: on PATH (cluster/build.sh builds with it), else Go's default
+    install directory."""
     found = shutil.which("go")
     if found:
         return found

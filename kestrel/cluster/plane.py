@@ -223,11 +223,16 @@ def restart_kueue(progress: Progress = print, timeout_s: float = 60) -> None:
     manager before each phase, so no phase inherits an earlier one's series."""
     with _state_lock():
         _stop_kueue(progress)
-        _start_kueue(progress)
-        wait_until("Kueue manager /readyz", _kueue_ready_or_dead, timeout_s, progress)
-        if kueue_pid() is None:
-            raise ClusterError(
-                f"Kueue manager exited; see {PATHS.kueue_log}:\n{_tail(PATHS.kueue_log)}")
+        _start_kueue_ready(progress, timeout_s)
+
+
+def _start_kueue_ready(progress: Progress, timeout_s: float) -> None:
+    """Start the Kueue manager and wait for its /readyz; ClusterError if it exits."""
+    _start_kueue(progress)
+    wait_until("Kueue manager /readyz", _kueue_ready_or_dead, timeout_s, progress)
+    if kueue_pid() is None:
+        raise ClusterError(
+            f"Kueue manager exited; see {PATHS.kueue_log}:\n{_tail(PATHS.kueue_log)}")
 
 
 def _replica_pid_file() -> Path:
@@ -360,12 +365,7 @@ def up(progress: Progress = print, timeout_s: float = DEFAULT_TIMEOUT_S) -> Clus
         progress("starting the Kestrel data plane")
         _start_control_plane(progress, timeout_s)
         _apply_kueue_crds(progress)
-        _start_kueue(progress)
-        wait_until("Kueue manager /readyz", _kueue_ready_or_dead, timeout_s, progress)
-        if kueue_pid() is None:
-            raise ClusterError(
-                f"Kueue manager exited; see {PATHS.kueue_log}:\n{_tail(PATHS.kueue_log)}"
-            )
+        _start_kueue_ready(progress, timeout_s)
         _objects_applied()
         wait_until("KWOK GPU nodes Ready", _gpu_nodes_ready, timeout_s, progress)
         wait_until(
