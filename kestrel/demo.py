@@ -187,6 +187,10 @@ class Demo:
                   f"replica admitted ({where})")
         deadline = time.monotonic() + 180
         while ep.ready_replicas < 1:
+            if run.stopped_by_budget:  # the money ran out before the model loaded
+                self.note(f"{p.tenant}: endpoint [b]{p.name}[/b] stopped for its budget "
+                          "before a replica was ready")
+                return
             if time.monotonic() > deadline:
                 run.failed.append("no ready replica within 180 s")
                 return
@@ -406,7 +410,11 @@ async def main_async(keep: bool) -> int:
     info = await asyncio.to_thread(
         cluster.ensure_cluster, lambda s: console.print(f"  [dim]cluster[/dim] {s}"))
     root = REPO / ".run" / "demo"
+    # The services' logs outlive the run (the stack's directory does not): what a failed
+    # demo did is there to read until the next run.
+    logs = REPO / ".run" / "demo-logs"
     shutil.rmtree(root, ignore_errors=True)
+    shutil.rmtree(logs, ignore_errors=True)
     stack = Stack(root, durable=True)
     procs: list[ServiceProcess] = []
     prom: prometheus.Prometheus | None = None
@@ -419,7 +427,8 @@ async def main_async(keep: bool) -> int:
         ports = {n: every_port[n] for n in names}
         metrics_ports = {n: every_port[f"{n}-metrics"] for n in names}
         env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_PRICES": PRICES,
-               "KESTREL_METER_TICK_S": "0.5", "KESTREL_LOG_LEVEL": "WARNING",
+               "KESTREL_METER_TICK_S": "0.5",
+               "KESTREL_LOG_LEVEL": os.environ.get("KESTREL_LOG_LEVEL", "INFO"),
                "KESTREL_KUBECONFIG": str(info.kubeconfig),
                **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
                **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in ports.items()},
@@ -427,10 +436,10 @@ async def main_async(keep: bool) -> int:
         env |= {**AUTOSCALER_ENV,
                 "KESTREL_AUTOSCALER_LEASE": f"kestrel-demo-autoscaler-{os.getpid()}"}
         for name in names:
-            proc = ServiceProcess(name, env, f"127.0.0.1:{ports[name]}", root / f"{name}.log")
+            proc = ServiceProcess(name, env, f"127.0.0.1:{ports[name]}", logs / f"{name}.log")
             await asyncio.to_thread(proc.start)
             procs.append(proc)
-        console.print(f"services: meter, gateway, admission, placer, autoscaler (logs in {root}); "
+        console.print(f"services: meter, gateway, admission, placer, autoscaler (logs in {logs}); "
                       f"demo prices {PRICES} credits per GPU-second")
         prom = prometheus.Prometheus(root / "prometheus")
         await asyncio.to_thread(prom.up, prometheus.plane_config(

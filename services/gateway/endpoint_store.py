@@ -3,6 +3,9 @@ names the tenant, so another tenant's endpoint is exactly one that does not exis
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import asyncpg
@@ -35,6 +38,10 @@ def _row(r: asyncpg.Record) -> EndpointRow:
 class EndpointStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
+        # Each endpoint being changed holds one pooled connection for its lock and uses
+        # at most one more at a time: with at most half the pool holding locks, the
+        # other half is always there for them, so they never wait on each other.
+        self._holders = asyncio.Semaphore(max(1, pool.get_max_size() // 2))
 
     async def insert(self, endpoint_id: str, tenant: str, spec: common_pb2.EndpointSpec,
                      created_us: int) -> EndpointRow | None:
@@ -65,16 +72,41 @@ class EndpointStore:
               AND seq > $2 ORDER BY seq LIMIT $3""", tenant, after_seq, limit)
         return [_row(r) for r in rows]
 
-    async def set_replicas(self, tenant: str, endpoint_id: str,
-                           replicas: tuple[str, ...]) -> None:
-        await self.pool.execute(
-            "UPDATE endpoints SET replicas = $3 WHERE endpoint_id = $1 AND tenant = $2",
-            endpoint_id, tenant, list(replicas))
+    @contextlib.asynccontextmanager
+    async def changing(self, endpoint_id: str) -> AsyncIterator[None]:
+        """Hold the endpoint's lock while its replicas change: one creation, scaling or
+        deletion of an endpoint at a time across every gateway. Each reads the row
+        inside the lock and records what it did before leaving it, so none writes a
+        replica list computed from what another was changing (an autoscaler's scaling
+        that read an endpoint still starting its first replica recorded only its own,
+        and the first ran unrecorded: never ready, billed, stopped by nothing). A
+        transaction-scoped advisory lock on one pooled connection: a gateway that dies
+        holding it releases it with its connection."""
+        async with self._holders, self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 56))",
+                               endpoint_id)
+            yield
 
-    async def delete(self, tenant: str, endpoint_id: str, now_us: int) -> bool:
-        """True when this call deleted it (False: not there, or deleted before)."""
-        status = await self.pool.execute("""
-            UPDATE endpoints SET deleted_us = $3
-            WHERE endpoint_id = $1 AND tenant = $2 AND deleted_us = 0""", endpoint_id, tenant,
-            now_us)
+    async def set_replicas(self, tenant: str, endpoint_id: str,
+                           replicas: tuple[str, ...]) -> bool:
+        """Record its replicas; False when it was deleted (or never was): then nothing
+        is written and the caller stops the replicas it started, since the deletion
+        stopped only those recorded before it. One row, one statement: a deletion and a
+        scaling of the same endpoint are ordered by the row's lock, whichever gateway
+        runs them."""
+        status = await self.pool.execute(
+            "UPDATE endpoints SET replicas = $3 WHERE endpoint_id = $1 AND tenant = $2 "
+            "AND deleted_us = 0", endpoint_id, tenant, list(replicas))
         return bool(status.endswith(" 1"))
+
+    async def delete(self, tenant: str, endpoint_id: str,
+                     now_us: int) -> tuple[str, ...] | None:
+        """Mark it deleted and return the replicas recorded at that instant (None: not
+        there, or deleted before). Read in the same statement as the mark, so a scaling
+        that recorded a replica just before is stopped with it, and one just after
+        finds the endpoint deleted (set_replicas)."""
+        r = await self.pool.fetchrow("""
+            UPDATE endpoints SET deleted_us = $3
+            WHERE endpoint_id = $1 AND tenant = $2 AND deleted_us = 0
+            RETURNING replicas""", endpoint_id, tenant, now_us)
+        return None if r is None else tuple(r["replicas"] or ())

@@ -11,8 +11,11 @@ with KESTREL_WORKER_ENDPOINT=<endpoint id>.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from decimal import Decimal
 
@@ -32,6 +35,7 @@ from services.gateway.store import GatewayStore
 from services.gateway.upstream import call, downstream
 
 SPENT_CACHE_S = 2.0
+log = logging.getLogger("kestrel.gateway.endpoints")
 
 
 @dataclass(frozen=True)
@@ -112,21 +116,33 @@ class Endpoints:
         return tuple(j for j in row.replicas if j not in ended)
 
     async def create(self, tenant: str, spec: common_pb2.EndpointSpec) -> EndpointRow:
-        """A checked spec becomes an endpoint with its first replicas placed."""
+        """A checked spec becomes an endpoint with its first replicas placed. The row
+        is visible (to ListEndpoints, to the autoscaler) before its replicas are; any
+        scaling of it waits for them under the endpoint's lock."""
         spec = normalised_spec(spec)
         if self.placed:
             spec.reservation_horizon_s = horizon_of(spec)
-        row = await self.store.insert(f"ep-{uuid.uuid4().hex[:16]}", tenant, spec, now_us())
-        if row is None:
-            raise AlreadyExists(f"an endpoint named {spec.name!r} exists")
-        if self.placed:
-            row = await self._start_replicas(row)
+        endpoint_id = f"ep-{uuid.uuid4().hex[:16]}"
+        async with self._locked(endpoint_id):
+            row = await self.store.insert(endpoint_id, tenant, spec, now_us())
+            if row is None:
+                raise AlreadyExists(f"an endpoint named {spec.name!r} exists")
+            if self.placed:
+                row = await self._start_replicas(row)
         return row
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, endpoint_id: str) -> AsyncIterator[None]:
+        """This gateway's lock of the endpoint, then every gateway's (the store's)."""
+        async with self._scale_locks.setdefault(endpoint_id, asyncio.Lock()), \
+                self.store.changing(endpoint_id):
+            yield
 
     async def _start_replicas(self, row: EndpointRow) -> EndpointRow:
         """Its first replicas (min_replicas, at least one), each admitted against the
         budget for the horizon; if the budget cannot hold them all, none is kept and
-        the endpoint is not created."""
+        the endpoint is not created. Deleted meanwhile (ListEndpoints showed it), the
+        replicas it got are stopped and it answers NotFound."""
         count = max(1, row.spec.min_replicas)
         try:
             added = await self.replicas.add(row.tenant, row.endpoint_id, row.spec, 0, count,
@@ -140,8 +156,19 @@ class Endpoints:
             raise FailedPrecondition(
                 f"the budget cannot hold {count} replica(s) of {row.spec.name} for its "
                 f"horizon of {horizon_of(row.spec)} s: {added.refusal}")
-        await self.store.set_replicas(row.tenant, row.endpoint_id, added.job_ids)
+        if not await self.store.set_replicas(row.tenant, row.endpoint_id, added.job_ids):
+            await self._deleted_meanwhile(row, added.job_ids)
+        log.info("endpoint %s of %s created on %s: replicas %s", row.endpoint_id, row.tenant,
+                 row.spec.flavor, ", ".join(added.job_ids))
         return replace(row, replicas=added.job_ids)
+
+    async def _deleted_meanwhile(self, row: EndpointRow, started: tuple[str, ...]) -> None:
+        """The endpoint was deleted while `started` were being admitted: the deletion
+        stopped the replicas recorded before it, these were not among them."""
+        log.warning("endpoint %s of %s was deleted while %d replica(s) started; stopping "
+                    "%s", row.endpoint_id, row.tenant, len(started), ", ".join(started))
+        await self.replicas.stop(row.tenant, started, "the endpoint was deleted")
+        raise NotFound(f"endpoint {row.endpoint_id} was deleted")
 
     async def scale(self, tenant: str, endpoint_id: str, replicas: int,
                     reason: str) -> Scaled:
@@ -157,8 +184,10 @@ class Endpoints:
         if not self.placed:
             raise FailedPrecondition("this gateway has no cluster: replicas are host "
                                      "processes, started by hand")
-        async with self._scale_locks.setdefault(row.endpoint_id, asyncio.Lock()):
+        async with self._locked(row.endpoint_id):
             row = await self.store.get(tenant, endpoint_id) or row
+            if row.deleted_us:
+                raise NotFound(f"endpoint {endpoint_id} was deleted")
             live = await self.live_replicas(row)
             started: tuple[str, ...] = ()
             stopped: tuple[str, ...] = ()
@@ -172,20 +201,36 @@ class Endpoints:
                 await self.replicas.stop(row.tenant, stopped,
                                          f"scaled down: {reason or 'operator'}")
             keep = tuple(j for j in live if j not in stopped) + started
-            await self.store.set_replicas(row.tenant, row.endpoint_id, keep)
+            recorded = await self.store.set_replicas(row.tenant, row.endpoint_id, keep)
             self._rows.pop((row.tenant, row.endpoint_id), None)
+            if not recorded:
+                await self._deleted_meanwhile(row, started)
+        if started or stopped:
+            log.info("endpoint %s of %s scaled %d -> %d (%s): started %s, stopped %s%s",
+                     row.endpoint_id, row.tenant, len(live), len(keep), reason or "operator",
+                     ", ".join(started) or "none", ", ".join(stopped) or "none",
+                     f"; refused: {refusal}" if refusal else "")
         return Scaled(replace(row, replicas=keep), started, stopped, refusal)
 
     async def delete(self, tenant: str, endpoint_id: str) -> bool:
-        """Delete it and stop its replicas; False when it was deleted already."""
+        """Delete it and stop its replicas; False when it was deleted already. The
+        replicas stopped are those recorded in the same statement that marks it deleted;
+        a scaling on any gateway that started one after that finds the endpoint deleted
+        and stops it itself (scale, _start_replicas)."""
         row = await self.store.get(tenant, endpoint_id)
         if row is None:
             raise NotFound(f"endpoint {endpoint_id} not found")
-        deleted = await self.store.delete(tenant, endpoint_id, now_us())
-        self._rows.pop((tenant, endpoint_id), None)
-        if deleted and row.replicas:
-            await self.replicas.stop(tenant, row.replicas, "the endpoint was deleted")
-        return deleted
+        async with self._locked(endpoint_id):
+            replicas = await self.store.delete(tenant, endpoint_id, now_us())
+            self._rows.pop((tenant, endpoint_id), None)
+            if replicas is None:
+                return False
+            log.info("endpoint %s of %s deleted; stopping %s", endpoint_id, tenant,
+                     ", ".join(replicas) or "no replica")
+            if replicas:
+                await self.replicas.stop(tenant, replicas, "the endpoint was deleted")
+        self._scale_locks.pop(endpoint_id, None)
+        return True
 
     async def budget_spent(self, tenant: str) -> bool:
         """credits - charged <= 0, as the meter last said (cached 2 s per tenant): the
