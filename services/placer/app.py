@@ -25,6 +25,7 @@ from services.placer.core import Placer, PlacerSettings
 from services.placer.domain import DEFAULT_SHORT_BP
 from services.placer.kube import KINDS, WATCHED, Kube, Watcher
 from services.placer.lifecycle import Derived
+from services.placer.orphans import Why
 from services.placer.servicer import PlacerServicer
 from services.placer.standins import StandIns
 from services.placer.store import PlacerStore
@@ -48,6 +49,7 @@ class PlacerConfig:
     refresh_s: float
     kube_threads: int
     ack_wait_s: int = ACK_WAIT_S
+    orphan_s: float = 30.0  # how often replicas nothing would stop are looked for
 
     @classmethod
     def from_env(cls) -> PlacerConfig:
@@ -71,6 +73,7 @@ class PlacerConfig:
             refresh_s=float(env_int("KESTREL_PLACER_REFRESH_S", 10)),
             kube_threads=env_int("KESTREL_PLACER_KUBE_THREADS", 32),
             ack_wait_s=env_int("KESTREL_PLACER_ACK_WAIT_S", ACK_WAIT_S),
+            orphan_s=float(env_str("KESTREL_PLACER_ORPHAN_S", "30")),
         )
 
 
@@ -109,6 +112,13 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     if config.settings.gpu_standins:
         placer.standins = StandIns(config.settings.worker_redis_url)
     placer.on_published = lambda e: published.labels(e.type.word).inc()
+    orphaned = Counter("kestrel_placer_orphan_replicas_total",
+                       "Endpoint replicas found running with nothing to stop them (their "
+                       "endpoint deleted, their job cancelled, or not recorded on their "
+                       "endpoint) and ended by the reconcile", ["reason"], registry=registry)
+    for why in Why:
+        orphaned.labels(why.value)
+    placer.on_orphan = lambda o: orphaned.labels(o.why.value).inc()
 
     async def publish_checks(msgs: list[events_pb2.CheckedWorkloads]) -> None:
         for msg in msgs:  # core NATS: admission numbers them and asks again on a gap
@@ -171,6 +181,9 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
                   1.0, stop, placer.requeue_stuck,
                   "requeueing Jobs Kueue left without a Workload failed", log),
                   name="requeue"),
+              asyncio.create_task(every(
+                  config.orphan_s, stop, placer.reconcile_replicas,
+                  "looking for orphaned endpoint replicas failed", log), name="orphans"),
               asyncio.create_task(watch_consumers(
                   js, consumer_pending_gauge(registry), [("KESTREL_JOBS", "placer")], stop),
                   name="lag")]

@@ -30,7 +30,7 @@ from kestrel.cluster.node import kestrel_image
 from kestrel.errors import FailedPrecondition, Unavailable
 from kestrel.v1 import events_pb2, placer_pb2
 from kestrel.workloads import CPU_FLAVOR, TENANT_LABEL
-from services.placer import manifests, views
+from services.placer import manifests, orphans, views
 from services.placer.domain import FlavorAsk, Placement, RunwayView, choose_flavor
 from services.placer.kube import JOBS, KINDS, PODS, WORKLOADS, Change, Kube
 from services.placer.lifecycle import (
@@ -156,6 +156,7 @@ class Placer:
         self.standins: StandIns | None = None
         self.on_published: Callable[[Derived], None] = lambda e: None
         self.on_relist: Callable[[str], None] = lambda kind: None
+        self.on_orphan: Callable[[orphans.Orphan], None] = lambda o: None
         # Jobs requeued by requeue_stuck: when last, and how many times.
         self.touched: dict[Key, tuple[int, int]] = {}
         # When a Job was last seen to get its Workload: Kueue's progress (requeue_due).
@@ -302,6 +303,14 @@ class Placer:
         log.info("job %s %s in %s on %s: %s", job.job_id,
                  "created" if created else "already existed", body["metadata"]["namespace"],
                  chosen.flavor, chosen.reason)
+        if job.job_id in self.cancelled:
+            # A Cancel came while the Job was being created: it may have read no Job and
+            # deleted nothing, so the Job just made would run (and bill) with nothing left
+            # to stop it. Cancel again, now that the Job exists.
+            log.warning("job %s was cancelled while its Job was created; deleting it",
+                        job.job_id)
+            await self.cancel(job.tenant, job.job_id)
+            return None
         key = key_of(JOBS, stored)
         if key is not None:  # QUEUED now, before the ack; the Workload watch brings the rest
             # The Job as created is all the placer keeps of it: Jobs are not watched
@@ -316,7 +325,8 @@ class Placer:
 
     # --- cancel --------------------------------------------------------------
 
-    async def cancel(self, tenant: str, job_id: str) -> tuple[bool, int]:
+    async def cancel(self, tenant: str, job_id: str,
+                     reason: str = "cancelled by the tenant") -> tuple[bool, int]:
         """Delete the Job. An allocation still open ends now: CANCELLED at this
         instant is published first, so a crash cannot leave it open. (deleted, instant)"""
         self.cancelled.add(job_id)
@@ -329,7 +339,7 @@ class Placer:
             still_open = open_allocation(derive(Observed(job, wl)))
             if still_open is not None:
                 ended = replace(still_open, type=EventType.CANCELLED, time_us=at,
-                                reason="cancelled by the tenant")
+                                reason=reason)
                 if ended.event_id not in view.published:
                     try:
                         await self.publish(ended)
@@ -352,6 +362,29 @@ class Placer:
         log.info("job %s cancelled at %d (%s)", job_id, at,
                  "allocation ended" if still_open else "held no quota")
         return deleted, at
+
+    # --- orphaned replicas ---------------------------------------------------
+
+    async def reconcile_replicas(self) -> list[orphans.Orphan]:
+        """End every endpoint replica in Kubernetes that nothing would stop
+        (services/placer/orphans.py): its endpoint deleted, its job cancelled, or not
+        recorded on its endpoint. Each is cancelled as a tenant's cancel would be: its
+        allocation closes at this instant, then its Job is deleted."""
+        listed = await asyncio.to_thread(self.kube.list_replica_jobs)
+        jobs = [j for j in map(orphans.replica_job, listed) if j is not None]
+        if not jobs:
+            return []
+        owners = await self.store.owners(sorted({j.endpoint_id for j in jobs}))
+        if owners is None:  # the gateway has not migrated yet: nothing to judge by
+            return []
+        cancelled = await self.store.cancelled([j.job_id for j in jobs])
+        found = orphans.orphans(jobs, owners, cancelled, self.clock())
+        for o in found:
+            log.warning("replica %s of endpoint %s (%s) is orphaned: %s; ending it",
+                        o.job.job_id, o.job.endpoint_id, o.job.tenant, o.reason)
+            await self.cancel(o.job.tenant, o.job.job_id, f"orphaned replica: {o.reason}")
+            self.on_orphan(o)
+        return found
 
     # --- observation ---------------------------------------------------------
 

@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kestrel import kubeclient, kubewatch
 from kestrel.kubeclient import new_api_client as new_api_client
+from kestrel.workloads import ENDPOINT_LABEL
 from services.placer.lifecycle import JOB_ID_LABEL
 
 log = logging.getLogger("kestrel.placer.kube")
@@ -186,6 +187,13 @@ class Kube:
                 if ref.get("kind") == "Job" and ref.get("name") == job_name:
                     return wl
         return None
+
+    def list_replica_jobs(self) -> list[dict[str, Any]]:
+        """Every endpoint replica's Job, in every namespace (the orphan reconcile)."""
+        resp = self.batch.list_job_for_all_namespaces(label_selector=ENDPOINT_LABEL,
+                                                      _preload_content=False)
+        items: list[dict[str, Any]] = self._raw(resp).get("items") or []
+        return items
 
     # --- what operators read ------------------------------------------------
 

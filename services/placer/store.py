@@ -1,6 +1,7 @@
 """Postgres, read-only, through what each owner publishes: tenant quotas (the gateway's
 `tenant_policies`), prices (the meter's `current_prices`), job states (admission's
-`job_status`). The placer owns no table."""
+`job_status`), endpoints and their replicas (the gateway's `endpoint_replicas`). The
+placer owns no table."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import asyncpg
 
 from kestrel.db import Published
 from kestrel.jobs import JobState
+from services.placer.orphans import Owner
 
 
 @dataclass(frozen=True)
@@ -60,3 +62,16 @@ class PlacerStore:
             "SELECT job_id FROM job_status WHERE job_id = ANY($1::text[]) AND state = $2",
             list(job_ids), int(JobState.CANCELLED))
         return {str(r["job_id"]) for r in rows}
+
+    async def owners(self, endpoint_ids: Sequence[str]) -> dict[str, Owner] | None:
+        """The endpoints of `endpoint_ids` the gateway knows, deleted or not, with the
+        replicas each records; None while the gateway has not published them yet."""
+        if not await self.published.exists("endpoint_replicas"):
+            return None
+        if not endpoint_ids:
+            return {}
+        rows = await self.pool.fetch(
+            "SELECT endpoint_id, deleted_us, replicas FROM endpoint_replicas "
+            "WHERE endpoint_id = ANY($1::text[])", list(endpoint_ids))
+        return {str(r["endpoint_id"]): Owner(bool(r["deleted_us"]),
+                                             frozenset(r["replicas"] or ())) for r in rows}

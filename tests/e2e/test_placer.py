@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,7 +43,10 @@ from kestrel.v1 import (
 )
 from services.gateway.store import GatewayStore
 from services.meter.store import MeterStore
+from services.placer.core import AdmittedJob, Placer, PlacerSettings
+from services.placer.kube import Kube
 from services.placer.lifecycle import condition, time_us
+from services.placer.store import PlacerStore
 from tests.conftest import OPERATOR_TOKEN, Plane
 
 pytestmark = pytest.mark.e2e
@@ -166,10 +170,12 @@ class Harness:
         return name
 
     async def admit(self, tenant: str, gpus: int = 1, max_s: int = 60, sim_s: int = 2,
-                    flavor: str = "", job_id: str = "", msg_id: str = "") -> str:
+                    flavor: str = "", job_id: str = "", msg_id: str = "",
+                    endpoint_id: str = "") -> str:
         job_id = job_id or f"job-{uuid.uuid4().hex[:16]}"
         spec = common_pb2.JobSpec(name="e2e", gpus=gpus, flavor=flavor, max_duration_s=max_s,
-                                  sim_duration_s=sim_s, labels={"team": "e2e"})
+                                  sim_duration_s=sim_s, labels={"team": "e2e"},
+                                  endpoint_id=endpoint_id)
         msg = events_pb2.JobAdmitted(job=common_pb2.Job(job_id=job_id, tenant=tenant,
                                                         spec=spec), reserved="1")
         await bus.publish(self.js, bus.subject_job_admitted(tenant), msg,
@@ -687,3 +693,100 @@ async def test_an_operator_reads_the_nodes_and_a_tenants_queue_usage(harness: Ha
             await stub.ListClusterQueues(placer_pb2.ListClusterQueuesRequest(
                 tenant=f"{tenant},kestrel.dev/tenant!=x"), timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# --- endpoint replicas nothing would stop (issue 56) -------------------------------
+
+
+class GatedKube(Kube):
+    """The real apiserver, with each create_job held at its start until `go` is set:
+    a Cancel then arrives while the Job is being created, every time."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        super().__init__(kubeconfig)
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def create_job(self, body: Any) -> tuple[dict[str, Any], bool]:
+        self.entered.set()
+        self.go.wait(60)
+        return super().create_job(body)
+
+
+async def test_a_cancel_that_arrives_while_the_job_is_being_created_still_deletes_it(
+        harness: Harness, placer_db: str) -> None:
+    """A DeleteEndpoint that reached the placer while a replica's Job was being created
+    found no Job and deleted nothing; the Job then made ran with nothing to stop it."""
+    tenant = await harness.tenant({"gpu-a10": 2})
+    kube = GatedKube(str(kc.PATHS.kubeconfig))
+    published: list[Any] = []
+
+    async def publish(event: Any) -> None:
+        published.append(event)
+
+    pool = await asyncpg.create_pool(placer_db, min_size=1, max_size=2)
+    try:
+        placer = Placer(kube, PlacerStore(pool), publish, PlacerSettings(
+            runway_check="", worker_image="kestrel.dev/kestrel:e2e"))
+        job_id = f"job-{uuid.uuid4().hex[:16]}"
+        job = AdmittedJob(job_id, tenant, "embed-r0", 1, "gpu-a10", 60, 0, {},
+                          endpoint_id="ep-00000000000000e2")
+        placing = asyncio.create_task(placer.place(job, cancelled=False))
+        await asyncio.to_thread(kube.entered.wait, 60)
+        deleted, _ = await placer.cancel(tenant, job_id)
+        assert not deleted  # no Job yet: the cancel alone deletes nothing
+        kube.go.set()
+        assert await placing is None  # placed, seen cancelled meanwhile, deleted
+        await wait_for("the Job deleted", lambda: not harness.jobs(tenant, job_id))
+        await asyncio.sleep(1.0)
+        assert harness.jobs(tenant, job_id) == []
+        assert not [e for e in published if e.workload_id == job_id and e.type == QUEUED]
+    finally:
+        kube.go.set()
+        await pool.close()
+
+
+async def test_the_reconcile_ends_a_replica_whose_endpoint_is_gone_and_keeps_the_rest(
+        harness: Harness) -> None:
+    """Kubernetes is the truth: a replica Job of a deleted endpoint is ended (allocation
+    closed at that instant, Job deleted, counted, alerted on); a recorded replica of a
+    live endpoint, and one too young to be recorded yet, run on."""
+    tenant = await harness.tenant({"gpu-a10": 4})
+    live, gone = "ep-00000000000000a1", "ep-00000000000000a2"
+    recorded, young, orphan = (f"job-{uuid.uuid4().hex[:16]}" for _ in range(3))
+    conn = await asyncpg.connect(harness.dsn)
+    try:
+        for endpoint_id, deleted_us, replicas in ((live, 0, [recorded]),
+                                                  (gone, now_us(), [orphan])):
+            await conn.execute(
+                "INSERT INTO endpoints (endpoint_id, tenant, name, spec, created_us, "
+                "deleted_us, replicas) VALUES ($1, $2, $1, ''::bytea, $3, $4, $5)",
+                endpoint_id, tenant, now_us(), deleted_us, replicas)
+    finally:
+        await conn.close()
+    metrics = free_port()
+    harness.start(KESTREL_PLACER_ORPHAN_S="1", KESTREL_PLACER_GPU_STANDINS="0",
+                  KESTREL_WORKER_IMAGE="kestrel.dev/kestrel:e2e",
+                  KESTREL_PLACER_METRICS_PORT=str(metrics))
+    for job_id, endpoint_id in ((recorded, live), (young, live), (orphan, gone)):
+        await harness.admit(tenant, flavor="gpu-a10", max_s=600, sim_s=600, job_id=job_id,
+                            endpoint_id=endpoint_id)
+    ended = await wait_for("the orphan's CANCELLED",
+                           lambda: harness.events.one(orphan, CANCELLED))
+    assert ended.reason == f"orphaned replica: its endpoint {gone} is deleted"
+    await wait_for("the orphan's Job deleted", lambda: not harness.jobs(tenant, orphan))
+    # ADMITTED first if Kueue got to it: the allocation then closed at the cancel
+    if harness.events.one(orphan, ADMITTED) is not None:
+        assert ended.gpus == 1
+    await asyncio.sleep(3.0)  # three more reconciles
+    for job_id in (recorded, young):
+        assert len(harness.jobs(tenant, job_id)) == 1
+        assert harness.events.one(job_id, CANCELLED) is None
+
+    def counted() -> str | None:
+        import urllib.request
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5
+                                      ).read().decode()
+        line = 'kestrel_placer_orphan_replicas_total{reason="endpoint_deleted"} 1.0'
+        return line if line in text else None
+    await wait_for("the orphan counted", counted)

@@ -21,8 +21,8 @@ import asyncpg
 import pytest
 
 from kestrel.clock import now_us
-from kestrel.errors import NotFound
 from kestrel.db import migrate
+from kestrel.errors import NotFound
 from kestrel.pgroles import OWNER_ROLE
 from kestrel.v1 import common_pb2
 from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
