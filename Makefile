@@ -46,7 +46,7 @@ prom-lint: setup ## promtool: the alert rules are valid and pass their unit test
 test-unit: setup ## Pure logic, no I/O
 	$(PY) -m pytest tests/unit -q
 
-test-integration: setup ## Against real Postgres, NATS JetStream, Redis (started by the fixtures)
+test-integration: setup grpcurl ## Against real Postgres, NATS JetStream, Redis (started by the fixtures)
 	$(PY) -m pytest tests/integration -q
 
 test-e2e: setup ## Against the real Kubernetes data plane (built and started on demand)
@@ -56,7 +56,7 @@ test-e2e: setup ## Against the real Kubernetes data plane (built and started on 
 fuzz: setup ## Every RPC and bus consumer fed hostile input, many examples; prints the fuzz: line
 	KESTREL_FUZZ_EXAMPLES=$${KESTREL_FUZZ_EXAMPLES:-300} $(PY) -m pytest tests/integration/test_fuzz.py -q
 
-test: setup lint ## Lint, then every test tier (the slowest 15 listed: where the time goes), then the console in chromium
+test: setup lint grpcurl ## Lint, then every test tier (the slowest 15 listed: where the time goes), then the console in chromium
 	$(PY) -m pytest tests -q --durations=15
 	$(MAKE) test-console
 

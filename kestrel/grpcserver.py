@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
+from kestrel import reflection
 from kestrel.errors import InvalidArgument, KestrelError, to_status, transient
 from kestrel.tls import Tls
 from kestrel.validation import check_strings
@@ -238,8 +238,7 @@ class Server:
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names = list(service_names)
-        reflection.enable_server_reflection(
-            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        reflection.enable([*self.service_names, health.SERVICE_NAME], self.server)
         tls = Tls.from_env()  # KESTREL_TLS_*: TLS, mutual when a CA is given
         self.tls = tls.serving
         self.port = (self.server.add_secure_port(f"{host}:{port}", tls.server_credentials())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
@@ -9,12 +10,13 @@ from decimal import Decimal
 import asyncpg
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2
 from google.rpc import error_details_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
 from kestrel import bus
-from kestrel.procs import ServiceProcess
+from kestrel.procs import REPO, ServiceProcess
 from kestrel.v1 import meter_pb2, meter_pb2_grpc
 from tests.integration.helpers import T0, eventually, publish_events, wev
 
@@ -111,6 +113,51 @@ async def test_server_reflection_lists_the_meter(meter: ServiceProcess) -> None:
             iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         names = [s.name async for r in responses for s in r.list_services_response.service]
     assert "kestrel.v1.Meter" in names and "grpc.health.v1.Health" in names
+
+
+GRPCURL = REPO / ".venv" / "bin" / "grpcurl"  # the pinned one (make grpcurl, before make test)
+
+
+@pytest.mark.parametrize(("symbol", "says"), [
+    pytest.param("kestrel.v1.Meter", "kestrel.v1.Meter is a service:", id="a service"),
+    pytest.param("kestrel.v1.Meter.GetRunway",
+                 "rpc GetRunway ( .kestrel.v1.GetRunwayRequest ) returns "
+                 "( .kestrel.v1.GetRunwayResponse );", id="a method"),
+    pytest.param("kestrel.v1.GetRunwayRequest", "kestrel.v1.GetRunwayRequest is a message:",
+                 id="a message"),
+    pytest.param("grpc.reflection.v1.ServerReflection",
+                 "stream .grpc.reflection.v1.ServerReflectionRequest", id="reflection v1"),
+])
+def test_grpcurl_describes_what_operators_ask_for(meter: ServiceProcess, symbol: str,
+                                                  says: str) -> None:
+    assert GRPCURL.exists(), "build the pinned grpcurl first: make grpcurl"
+    out = subprocess.run([str(GRPCURL), "-plaintext", meter.grpc_address, "describe", symbol],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert says in out.stdout
+
+
+def test_an_unknown_method_is_not_found_by_reflection(meter: ServiceProcess) -> None:
+    out = subprocess.run([str(GRPCURL), "-plaintext", meter.grpc_address, "describe",
+                          "kestrel.v1.Meter.NoSuchMethod"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode != 0 and "Symbol not found" in out.stderr
+
+
+async def test_reflection_v1_answers_as_v1alpha_does(meter: ServiceProcess) -> None:
+    """Tools that speak only v1 (grpcurl tries it first; newer grpc clients) get the same
+    answers: v1's messages are v1alpha's field for field."""
+    async with grpc.aio.insecure_channel(meter.grpc_address) as ch:
+        call = ch.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+        responses = call(iter([reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol="kestrel.v1.Meter.GetRunway")]))
+        [r] = [r async for r in responses]
+    names = {descriptor_pb2.FileDescriptorProto.FromString(b).name
+             for b in r.file_descriptor_response.file_descriptor_proto}
+    assert "kestrel/v1/meter.proto" in names
 
 
 def violations(err: grpc.aio.AioRpcError) -> dict[str, str]:
