@@ -21,19 +21,25 @@ GPUs are simulated (KWOK nodes): pods "run" for their declared duration. The
 control plane, Kueue quota, the CPU pool's kubelet, the model, the ledger and the
 runway are real.
 
-    python -m kestrel.demo [--keep]
+    python -m kestrel.demo [--keep]     # the demo (make demo)
+    python -m kestrel.demo env          # exports for what --keep left running
+    python -m kestrel.demo down         # stop it
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
@@ -480,13 +486,15 @@ async def main_async(keep: bool) -> int:
     finally:
         if demo is not None:
             await demo.close()
-        if keep:
-            console.print(f"left running (--keep): gateway 127.0.0.1:{ports['gateway']}, "
-                          f"operator token {TOKEN}; {stack.env()}")
-            if prom is not None:
-                console.print(f"prometheus {prom.url} (stop it: python -m kestrel.prometheus "
-                              f"down --dir {prom.root})")
-            console.print(console_line(env, root))
+        if keep and procs:
+            started = console_line(env, logs)
+            kept = Kept({n: p.pid for n, p in zip(names, procs, strict=False)},
+                        started[1], str(prom.root) if prom is not None else "",
+                        {k: env[k] for k in KEPT_ENV if k in env} | {
+                            "KESTREL_OPERATOR_TOKEN": TOKEN})
+            kept.save()
+            console.print(kept_table(kept, prom.url if prom is not None else "", started[0],
+                                     logs))
         else:
             if prom is not None:
                 await asyncio.to_thread(prom.down)
@@ -498,10 +506,10 @@ async def main_async(keep: bool) -> int:
                 await asyncio.to_thread(cluster.down, lambda s: None)
 
 
-def console_line(env: dict[str, str], root: Path) -> str:
+def console_line(env: dict[str, str], root: Path) -> tuple[str, int]:
     """The operator console on what --keep left running: started here when it has been
     built (`make demo DEMO_ARGS=--keep` builds it first), else (the module run by hand)
-    the command that builds and starts it."""
+    the command that builds and starts it. (where it is, its pid or 0)"""
     names = ("GATEWAY", "METER", "ADMISSION", "AUTOSCALER", "PLACER")
     wiring = {f"KESTREL_{n}_ADDR": env[f"KESTREL_{n}_ADDR"] for n in names}
     wiring["KESTREL_OPERATOR_TOKEN"] = env["KESTREL_OPERATOR_TOKEN"]
@@ -513,10 +521,100 @@ def console_line(env: dict[str, str], root: Path) -> str:
             [str(app / "node_modules" / ".bin" / "next"), "start", "-H", "127.0.0.1", "-p", port],
             cwd=app, env={**os.environ, **wiring}, stdout=log, stderr=log,
             stdin=subprocess.DEVNULL, start_new_session=True)
-        return (f"console: http://127.0.0.1:{port} (next start, pid {proc.pid}, log "
-                f"{root / 'console.log'}; stop it: kill {proc.pid})")
-    return (f"console: http://127.0.0.1:{port} once started with\n  "
-            + " ".join(f"{k}={v}" for k, v in wiring.items()) + " make console")
+        return f"http://127.0.0.1:{port}", proc.pid
+    return ("not built; with the environment below loaded: make console", 0)
+
+
+# What `python -m kestrel.demo env` exports: where the CLI, the SDK, grpcurl and the
+# console find the plane the demo left running.
+KEPT_ENV = ("KESTREL_GATEWAY_ADDR", "KESTREL_METER_ADDR", "KESTREL_ADMISSION_ADDR",
+            "KESTREL_AUTOSCALER_ADDR", "KESTREL_PLACER_ADDR", "KESTREL_KUBECONFIG")
+KEPT_FILE = REPO / ".run" / "demo" / "kept.json"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What `make demo DEMO_ARGS=--keep` left running, for `env` and `down`."""
+
+    pids: dict[str, int]  # service -> pid
+    console_pid: int
+    prometheus_dir: str
+    env: dict[str, str]
+
+    def save(self) -> None:
+        fd = os.open(KEPT_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:  # the operator token is in it
+            json.dump(asdict(self), f, indent=2)
+
+    @classmethod
+    def load(cls) -> Kept | None:
+        if not KEPT_FILE.exists():
+            return None
+        return cls(**json.loads(KEPT_FILE.read_text()))
+
+
+def kept_table(kept: Kept, prom_url: str, console_at: str, logs: Path) -> Table:
+    t = Table(title="left running (--keep)", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    gateway = kept.env["KESTREL_GATEWAY_ADDR"]
+    for k, v in (
+            ("gateway", f"{gateway}  (grpcurl -plaintext {gateway} list)"),
+            ("console", console_at), ("prometheus", prom_url or "-"),
+            ("logs", str(logs)),
+            ("operator token", "KESTREL_OPERATOR_TOKEN, exported by the line below"),
+            ("load the rest", 'eval "$(.venv/bin/python -m kestrel.demo env)"'),
+            ("then, e.g.", ".venv/bin/kestrel tenants list"),
+            ("stop it all", ".venv/bin/python -m kestrel.demo down")):
+        t.add_row(k, v)
+    return t
+
+
+def print_env() -> int:
+    kept = Kept.load()
+    if kept is None:
+        print("nothing left running: make demo DEMO_ARGS=--keep", file=sys.stderr)
+        return 1
+    stack = Stack.load(KEPT_FILE.parent)
+    for k, v in {**(stack.env() if stack else {}), **kept.env}.items():
+        print(f"export {k}={shlex.quote(v)}")
+    return 0
+
+
+def down() -> int:
+    """Stop what --keep left: services, console, Prometheus, the stores, the demo's
+    tenants' queues; the data plane stays up (make demo reuses it)."""
+    kept = Kept.load()
+    if kept is None:
+        print("nothing left running by make demo DEMO_ARGS=--keep")
+        return 0
+    pids = [p for p in [*kept.pids.values(), kept.console_pid] if p]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if kept.prometheus_dir:
+        prometheus.Prometheus.open(Path(kept.prometheus_dir)).down()
+    cleanup_tenants(sorted(TENANTS))
+    stack = Stack.load(KEPT_FILE.parent)
+    if stack is not None:
+        stack.destroy()
+    KEPT_FILE.unlink(missing_ok=True)
+    print(f"demo stopped: {len(pids)} processes, Prometheus, the stores, the tenants' queues")
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def cleanup_tenants(tenants: list[str]) -> None:
@@ -530,8 +628,16 @@ def cleanup_tenants(tenants: list[str]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", nargs="?", choices=["run", "env", "down"], default="run",
+                    help="run the demo (default); env: the exports for what --keep left "
+                         "running; down: stop it")
     ap.add_argument("--keep", action="store_true", help="leave everything running")
-    sys.exit(asyncio.run(main_async(ap.parse_args().keep)))
+    args = ap.parse_args()
+    if args.command == "env":
+        sys.exit(print_env())
+    if args.command == "down":
+        sys.exit(down())
+    sys.exit(asyncio.run(main_async(args.keep)))
 
 
 if __name__ == "__main__":

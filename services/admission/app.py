@@ -129,6 +129,9 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
             metrics.decisions.labels(row.tenant, "released").inc()
         if controller is not None and prev is JobState.HELD:
             controller.wake(row.tenant)  # released or cancelled: its check's verdict moves
+        log.info("job %s of %s: %s -> %s%s", row.job_id, row.tenant,
+                 prev.name if prev is not None else "submitted", row.state.name,
+                 f" ({row.reason})" if row.reason else "")
         await outbox.publish(row, prev)
 
     admission = Admission(store, announce, max_node_gpus=config.max_node_gpus)
