@@ -6,7 +6,7 @@ BUF := tools/buf/node_modules/.bin/buf
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 include cluster/versions.env
 
-.PHONY: help setup proto proto-check buf-lint buf-breaking lint test test-unit \
+.PHONY: help setup proto api-docs proto-check buf-lint buf-breaking lint test test-unit \
         test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-scale bench-jobs bench-infer bench-gpu bench-autoscale soak chaos up down status grpcurl \
         helm helm-check compose compose-check compose-up compose-down devstack-up devstack-down devstack-status clean sim-autoscale
 
@@ -16,15 +16,22 @@ help: ## This list
 setup: ## Install everything (Debian packages, .venv, buf); idempotent
 	@scripts/setup.sh
 
-proto: setup ## Regenerate kestrel/v1 stubs and the console's TypeScript clients from proto/
+proto: setup ## Regenerate kestrel/v1 stubs, docs/api.md and the console's TypeScript clients from proto/
 	scripts/gen_proto.sh
+	$(MAKE) api-docs
 	$(MAKE) console-gen
+
+api-docs: setup ## Regenerate docs/api.md from the comments in proto/
+	$(PY) scripts/gen_api_docs.py docs/api.md
 
 proto-check: setup ## Fail if the committed stubs are not what proto/ generates
 	@tmp=$$(mktemp -d); scripts/gen_proto.sh $$tmp && \
 	  diff -r -x __pycache__ $$tmp/kestrel/v1 kestrel/v1 >/dev/null || \
 	  { echo "kestrel/v1 is stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
 	  rm -rf $$tmp; echo "proto-check: generated stubs are fresh"
+	@tmp=$$(mktemp); $(PY) scripts/gen_api_docs.py $$tmp && cmp -s $$tmp docs/api.md || \
+	  { echo "docs/api.md is stale: run 'make api-docs' and commit"; rm -f $$tmp; exit 1; }; \
+	  rm -f $$tmp; echo "proto-check: docs/api.md is fresh"
 
 buf-lint: setup
 	cd proto && ../$(BUF) lint
