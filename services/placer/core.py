@@ -379,12 +379,19 @@ class Placer:
             return []
         cancelled = await self.store.cancelled([j.job_id for j in jobs])
         found = orphans.orphans(jobs, owners, cancelled, self.clock())
+        ended = []
         for o in found:
             log.warning("replica %s of endpoint %s (%s) is orphaned: %s; ending it",
                         o.job.job_id, o.job.endpoint_id, o.job.tenant, o.reason)
-            await self.cancel(o.job.tenant, o.job.job_id, f"orphaned replica: {o.reason}")
+            try:  # one that cannot be ended now must not keep the others running
+                await self.cancel(o.job.tenant, o.job.job_id, f"orphaned replica: {o.reason}")
+            except Exception as exc:
+                log.warning("ending orphaned replica %s failed (%s); next pass retries",
+                            o.job.job_id, exc)
+                continue
             self.on_orphan(o)
-        return found
+            ended.append(o)
+        return ended
 
     # --- observation ---------------------------------------------------------
 

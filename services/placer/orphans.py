@@ -20,10 +20,10 @@ from typing import Any
 from kestrel.workloads import ENDPOINT_LABEL, TENANT_LABEL
 from services.placer.lifecycle import condition, created_us, is_true
 
-# A replica is recorded on its endpoint only after admission admitted it (and the rest
-# of its batch): one Admit may take up to its 10 s timeout, so a replica younger than
-# this is not yet "unrecorded".
-UNRECORDED_GRACE_S = 120.0
+# A replica is recorded on its endpoint only after admission admitted it and the rest
+# of its batch: up to 16 replicas (an endpoint's max) whose Admit may take up to its
+# 10 s timeout each, so a replica younger than this is not yet "unrecorded".
+UNRECORDED_GRACE_S = 300.0
 
 
 class Why(enum.Enum):
