@@ -51,6 +51,7 @@ from rich.table import Table
 
 from kestrel import cluster, kubework, prometheus
 from kestrel.cli import render
+from kestrel.cluster.processes import pid_alive
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
 from kestrel.sdk import AsyncClient, Endpoint, Job, JobState, KestrelError, Runway
@@ -593,7 +594,7 @@ def down() -> int:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.1)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -607,14 +608,6 @@ def down() -> int:
     KEPT_FILE.unlink(missing_ok=True)
     print(f"demo stopped: {len(pids)} processes, Prometheus, the stores, the tenants' queues")
     return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def cleanup_tenants(tenants: list[str]) -> None:
