@@ -57,6 +57,12 @@ class FailedPrecondition(KestrelError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class BudgetSpent(FailedPrecondition):
+    """The tenant's credits are used up (credits - charged <= 0): FAILED_PRECONDITION on
+    gRPC, 402 with code `budget_exhausted` on the HTTP path. Retrying does not help;
+    a top-up does."""
+
+
 class PermissionDenied(KestrelError):
     code = grpc.StatusCode.PERMISSION_DENIED
 
@@ -73,6 +79,10 @@ class Unavailable(KestrelError):
     def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class NoReadyReplica(Unavailable):
+    """An endpoint has no replica with a fresh heartbeat to serve a request."""
 
 
 class DeadlineExceeded(KestrelError):

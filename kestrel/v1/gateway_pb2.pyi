@@ -1301,6 +1301,7 @@ class InferResponse(_message.Message):
     MAX_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     QUEUE_MS_FIELD_NUMBER: _builtins.int
     SIMULATED_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     latency_ms: _builtins.float
     """Server-side latency of the batch that served this request."""
@@ -1312,6 +1313,10 @@ class InferResponse(_message.Message):
     simulated: _builtins.bool
     """True when the replica is a simulated GPU replica (a KWOK pod; a host process
     stands in for it and computes the vectors on the CPU).
+    """
+    input_tokens: _builtins.int
+    """Word pieces the model read, [CLS] and [SEP] included, after truncation: the
+    `usage.prompt_tokens` of the OpenAI-compatible /v1/embeddings.
     """
     @_builtins.property
     def embeddings(self) -> _containers.RepeatedCompositeFieldContainer[Global___Embedding]: ...
@@ -1330,10 +1335,11 @@ class InferResponse(_message.Message):
         max_input_tokens: _builtins.int = ...,
         queue_ms: _builtins.float = ...,
         simulated: _builtins.bool = ...,
+        input_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["embeddings", b"embeddings", "latency_ms", b"latency_ms", "max_input_tokens", b"max_input_tokens", "model", b"model", "queue_ms", b"queue_ms", "replica", b"replica", "simulated", b"simulated", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["embeddings", b"embeddings", "input_tokens", b"input_tokens", "latency_ms", b"latency_ms", "max_input_tokens", b"max_input_tokens", "model", b"model", "queue_ms", b"queue_ms", "replica", b"replica", "simulated", b"simulated", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -84,6 +84,7 @@ class WorkerReply(_message.Message):
     MAX_INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     QUEUE_MS_FIELD_NUMBER: _builtins.int
     SIMULATED_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     model: _builtins.str
     latency_ms: _builtins.float
@@ -95,6 +96,10 @@ class WorkerReply(_message.Message):
     simulated: _builtins.bool
     """Served by a host process standing in for a simulated (KWOK) GPU replica: the
     vectors are real, the GPU is not.
+    """
+    input_tokens: _builtins.int
+    """Word pieces the model read for this request's inputs (special tokens included,
+    after truncation), counted by the model's own tokenizer.
     """
     @_builtins.property
     def embeddings(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerEmbedding]: ...
@@ -115,10 +120,11 @@ class WorkerReply(_message.Message):
         max_input_tokens: _builtins.int = ...,
         queue_ms: _builtins.float = ...,
         simulated: _builtins.bool = ...,
+        input_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["embeddings", b"embeddings", "error", b"error", "latency_ms", b"latency_ms", "max_input_tokens", b"max_input_tokens", "model", b"model", "queue_ms", b"queue_ms", "replica", b"replica", "request_id", b"request_id", "simulated", b"simulated", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["embeddings", b"embeddings", "error", b"error", "input_tokens", b"input_tokens", "latency_ms", b"latency_ms", "max_input_tokens", b"max_input_tokens", "model", b"model", "queue_ms", b"queue_ms", "replica", b"replica", "request_id", b"request_id", "simulated", b"simulated", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

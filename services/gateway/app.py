@@ -27,6 +27,7 @@ from kestrel.v1 import (
 )
 from services.gateway import ratelimit
 from services.gateway.auth import hash_secret
+from services.gateway.http import HttpListener, OpenAIApi
 from services.gateway.infer import InferBackend, ReplyHub
 from services.gateway.ratelimit import RateLimiter
 from services.gateway.servicer import GatewayServicer
@@ -41,6 +42,7 @@ class GatewayConfig:
     host: str
     grpc_port: int
     metrics_port: int
+    http_port: int
     admission_addr: str
     meter_addr: str
     placer_addr: str
@@ -56,6 +58,7 @@ class GatewayConfig:
         return cls(Endpoints.from_env("gateway"), env_str("KESTREL_BIND_HOST", "127.0.0.1"),
                    env_int("KESTREL_GATEWAY_PORT", 50051),
                    env_int("KESTREL_GATEWAY_METRICS_PORT", 9151),
+                   env_int("KESTREL_GATEWAY_HTTP_PORT", 8080),
                    env_str("KESTREL_ADMISSION_ADDR", "127.0.0.1:50052"),
                    env_str("KESTREL_METER_ADDR", "127.0.0.1:50053"),
                    env_str("KESTREL_PLACER_ADDR", "127.0.0.1:50054"),
@@ -105,11 +108,16 @@ async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
                     interceptors=[GrpcMetrics(registry)])
     gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server.server)
     await server.start()
+    openai_api = HttpListener(OpenAIApi(servicer.callers, servicer.endpoints,
+                                        servicer.inference, registry),
+                              config.host, config.http_port)
+    await openai_api.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
     log.info("gateway serving gRPC on %s", server.address)
     try:
         await stop.wait()
     finally:
+        await openai_api.stop()
         channels = [admission_ch, meter_ch, *([placer_ch] if placer_ch is not None else [])]
         await drain(server, [], task_timeout_s=0, http=http, nc=nc, pool=pool,
                     closers=[*(c.close for c in channels), hub.close, redis.aclose])

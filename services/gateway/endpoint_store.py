@@ -59,6 +59,13 @@ class EndpointStore:
             tenant)
         return _row(r) if r else None
 
+    async def named(self, tenant: str, name: str) -> EndpointRow | None:
+        """The tenant's live endpoint of that name (names are unique among live ones)."""
+        r = await self.pool.fetchrow(
+            "SELECT * FROM endpoints WHERE tenant = $1 AND name = $2 AND deleted_us = 0",
+            tenant, name)
+        return _row(r) if r else None
+
     async def live(self, tenant: str, after_seq: int, limit: int) -> list[EndpointRow]:
         rows = await self.pool.fetch("""
             SELECT * FROM endpoints WHERE tenant = $1 AND deleted_us = 0 AND seq > $2

@@ -81,6 +81,23 @@ class Endpoints:
             raise NotFound(f"endpoint {endpoint_id} was deleted")
         return row
 
+    async def named(self, tenant: str, name: str) -> EndpointRow:
+        """The caller's live endpoint called `name` (the OpenAI API's `model`), through
+        the same CACHE_S cache as `get`; another tenant's is one that never existed."""
+        key = (tenant, f"name:{name}")
+        hit = self._rows.get(key)
+        if hit and time.monotonic() - hit[0] < CACHE_S:
+            row = hit[1]
+        else:
+            row = await self.store.named(tenant, name)
+            self._rows[key] = (time.monotonic(), row)
+            if len(self._rows) > 10_000:
+                self._rows.clear()
+        if row is None or row.deleted_us:
+            raise NotFound(f"the model {name!r} does not exist: it names none of your "
+                           "endpoints")
+        return row
+
     async def wire(self, row: EndpointRow) -> common_pb2.Endpoint:
         fresh = await self.infer_backend.ready_replicas(row.endpoint_id) \
             if self.infer_backend is not None else set()
@@ -223,6 +240,7 @@ class Endpoints:
         async with self._locked(endpoint_id):
             replicas = await self.store.delete(tenant, endpoint_id, now_us())
             self._rows.pop((tenant, endpoint_id), None)
+            self._rows.pop((tenant, f"name:{row.name}"), None)
             if replicas is None:
                 return False
             log.info("endpoint %s of %s deleted; stopping %s", endpoint_id, tenant,

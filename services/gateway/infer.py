@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 
 from kestrel import endpoints as ep
 from kestrel.clock import now_us
-from kestrel.errors import DeadlineExceeded, Unavailable
+from kestrel.errors import DeadlineExceeded, NoReadyReplica, Unavailable
 from kestrel.v1 import worker_pb2
 
 log = logging.getLogger("kestrel.gateway.infer")
@@ -151,8 +151,8 @@ async def infer(redis: aioredis.Redis, hub: ReplyHub, *, tenant: str, endpoint_i
     except (RedisError, OSError, TimeoutError):
         ready = 0
     if ready == 0:
-        raise Unavailable(f"endpoint {endpoint_id} has no ready replica; the request was "
-                          f"not served within {timeout_s:.3g} s", retry_after_s=1.0)
+        raise NoReadyReplica(f"endpoint {endpoint_id} has no ready replica; the request was "
+                             f"not served within {timeout_s:.3g} s", retry_after_s=1.0)
     raise DeadlineExceeded(f"the request waited {timeout_s:.3g} s in endpoint "
                            f"{endpoint_id}'s queue and was not computed")
 

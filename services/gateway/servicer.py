@@ -22,7 +22,6 @@ from kestrel.clock import now_us
 from kestrel.errors import (
     FailedPrecondition,
     NotFound,
-    Unavailable,
     Violations,
 )
 from kestrel.grpcserver import map_errors
@@ -42,14 +41,11 @@ from kestrel.v1 import (
 from services.gateway import auth
 from services.gateway.callers import Callers
 from services.gateway.core import Gateway, ProfileChange
-from services.gateway.endpoint_checks import (
-    check_endpoint_id,
-    check_endpoint_spec,
-    check_infer,
-)
+from services.gateway.endpoint_checks import check_endpoint_id, check_endpoint_spec
 from services.gateway.endpoint_store import EndpointStore
 from services.gateway.endpoints import Endpoints
 from services.gateway.infer import InferBackend
+from services.gateway.inference import Inference
 from services.gateway.ratelimit import RateLimiter
 from services.gateway.replicas import Replicas
 from services.gateway.store import GatewayStore, KeyRow, Profile
@@ -99,6 +95,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.max_node_gpus = max_node_gpus
         self.callers = Callers(store, limiter, operator_token_hash)
         self.core = Gateway(store, admission, meter, placer, self.callers.forget)
+        self.inference = Inference(self.endpoints, infer_backend, placed=placer is not None)
 
     # --- callers -------------------------------------------------------------
 
@@ -415,24 +412,4 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def Infer(self, request: gateway_pb2.InferRequest,
                     context: Ctx) -> gateway_pb2.InferResponse:
         tenant = await self._tenant(context)
-        priority, timeout_s = check_infer(request, context.time_remaining())
-        row = await self.endpoints.get(tenant.tenant, request.endpoint_id, cached=True)
-        if self.infer_backend is None:
-            raise Unavailable("inference is not configured on this gateway", 5.0)
-        if self.placer is not None and await self.endpoints.budget_spent(tenant.tenant):
-            raise FailedPrecondition(
-                f"tenant {tenant.tenant!r}'s budget is spent: the replicas of endpoint "
-                f"{row.endpoint_id} were stopped; top up, then create the endpoint again")
-        reply = await self.infer_backend.infer(tenant.tenant, row.endpoint_id,
-                                               list(request.inputs), priority, timeout_s)
-        if reply.error:
-            raise Unavailable(f"replica {reply.replica} could not serve the request: "
-                              f"{reply.error}", retry_after_s=1.0)
-        if len(reply.embeddings) != len(request.inputs):
-            raise Unavailable(f"replica {reply.replica} answered {len(reply.embeddings)} "
-                              f"vectors for {len(request.inputs)} inputs", retry_after_s=1.0)
-        return gateway_pb2.InferResponse(
-            embeddings=[gateway_pb2.Embedding(values=e.values) for e in reply.embeddings],
-            model=reply.model, latency_ms=reply.latency_ms, replica=reply.replica,
-            truncated=reply.truncated, max_input_tokens=reply.max_input_tokens,
-            queue_ms=reply.queue_ms, simulated=reply.simulated)
+        return await self.inference.infer(tenant, request, context.time_remaining())

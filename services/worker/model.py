@@ -89,6 +89,9 @@ def l2_normalize(x: Floats) -> Floats:
 class Embedded:
     vectors: Floats  # [n, 384], unit length
     truncated: list[bool]
+    # Word pieces read per input ([CLS] and [SEP] included, after truncation, padding
+    # not counted): what the OpenAI-compatible API reports as prompt tokens.
+    tokens: list[int]
 
 
 class Embedder:
@@ -126,7 +129,8 @@ class Embedder:
             feeds["token_type_ids"] = np.zeros_like(ids)
         (hidden,) = self.session.run(["last_hidden_state"], feeds)
         vectors = l2_normalize(mean_pool(np.asarray(hidden, dtype=np.float32), mask))
-        return Embedded(vectors, [bool(e.overflowing) for e in encodings])
+        return Embedded(vectors, [bool(e.overflowing) for e in encodings],
+                        [int(sum(e.attention_mask)) for e in encodings])
 
 
 def load(model_dir: str = "", intra_op_threads: int = 2) -> Embedder:

@@ -164,6 +164,7 @@ class Replica:
                 reply.embeddings.extend(worker_pb2.WorkerEmbedding(values=v.tolist())
                                         for v in out.vectors[at:at + n])
                 reply.truncated.extend(i for i in range(n) if out.truncated[at + i])
+                reply.input_tokens = sum(out.tokens[at:at + n])
             at += n
             replies.append((q, reply))
         await self._finish(replies)
@@ -190,7 +191,8 @@ class Replica:
         parts = [self.embed(texts[i:i + size]) for i in range(0, len(texts), size)]
         import numpy as np
         return Embedded(np.concatenate([p.vectors for p in parts]),
-                        [t for p in parts for t in p.truncated])
+                        [t for p in parts for t in p.truncated],
+                        [t for p in parts for t in p.tokens])
 
     async def _finish(self, done: list[tuple[Item, worker_pb2.WorkerReply | None]]) -> None:
         """Replies first, then XACK + XDEL, in one transaction: a crash before it leaves

@@ -9,121 +9,31 @@ import math
 import statistics
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-import redis.asyncio as aioredis
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 import kestrel
 import kestrel.sdk
 from kestrel import endpoints as ep
 from kestrel.clock import now_us
 from kestrel.devstack import free_port
-from kestrel.procs import ServiceProcess
-from kestrel.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, worker_pb2
-from tests.conftest import OPERATOR_TOKEN, Plane
+from kestrel.v1 import gateway_pb2, worker_pb2
+from tests.integration.endpoint_world import (
+    BABY,
+    BREAD,
+    FOOD,
+    World,
+    _create,
+    answer,
+    cos,
+    infer,
+    make_tenant,
+)
 from tests.integration.helpers import eventually
 
 pytestmark = pytest.mark.integration
-Md = tuple[tuple[str, str], ...]
-OP: Md = (("authorization", f"Bearer {OPERATOR_TOKEN}"),)
-FOOD = "A man is eating food."
-BREAD = "A man is eating a piece of bread."
-BABY = "The girl is carrying a baby."
-
-
-@dataclass
-class World:
-    plane: Plane
-    channel: grpc.aio.Channel
-    stub: gateway_pb2_grpc.GatewayStub
-    md: Md
-    other_md: Md
-    endpoint_id: str
-    redis: aioredis.Redis
-    start_worker: Callable[..., ServiceProcess]
-
-
-def cos(a: Any, b: Any) -> float:
-    return float(sum(x * y for x, y in zip(a, b, strict=True)) / math.sqrt(
-        sum(x * x for x in a) * sum(y * y for y in b)))
-
-
-async def make_tenant(stub: gateway_pb2_grpc.GatewayStub, name: str, rate: float = 100_000,
-                      burst: int = 100_000) -> Md:
-    await stub.CreateTenant(gateway_pb2.CreateTenantRequest(
-        tenant=gateway_pb2.Tenant(tenant=name, rate_limit=gateway_pb2.RateLimit(
-            per_s=rate, burst=burst)), initial_credits="100"), metadata=OP)
-    key = await stub.CreateApiKey(gateway_pb2.CreateApiKeyRequest(tenant=name, name="k"),
-                                  metadata=OP)
-    return (("authorization", f"Bearer {key.secret}"),)
-
-
-@pytest.fixture
-def workers(plane: Plane, tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
-    started: list[ServiceProcess] = []
-
-    def start(endpoint_id: str, **env: str) -> ServiceProcess:
-        port = free_port()
-        proc = ServiceProcess("worker", {
-            **plane.env, "KESTREL_WORKER_ENDPOINT": endpoint_id, "KESTREL_WORKER_TENANT": "acme",
-            "KESTREL_WORKER_PORT": str(port), "KESTREL_WORKER_METRICS_PORT": "0",
-            "KESTREL_WORKER_CLAIM_IDLE_MS": "1000", **env},
-            f"127.0.0.1:{port}", tmp_path / f"worker-{len(started)}.log")
-        started.append(proc)
-        return proc.start()
-
-    yield start
-    for p in started:
-        p.stop()
-
-
-@pytest.fixture
-async def world(plane: Plane, workers: Callable[..., ServiceProcess]) -> AsyncIterator[World]:
-    channel = grpc.aio.insecure_channel(plane.address("gateway"))
-    stub = gateway_pb2_grpc.GatewayStub(channel)
-    md = await make_tenant(stub, "acme")
-    other = await make_tenant(stub, "other")
-    created = await stub.CreateEndpoint(_create("embed"), metadata=md)
-    r = aioredis.Redis.from_url(plane.env["KESTREL_REDIS_URL"])
-    try:
-        yield World(plane, channel, stub, md, other, created.endpoint.endpoint_id, r, workers)
-    finally:
-        await r.aclose()
-        await channel.close()
-
-
-def _create(name: str) -> gateway_pb2.CreateEndpointRequest:
-    return gateway_pb2.CreateEndpointRequest(spec=common_pb2.EndpointSpec(name=name))
-
-
-async def answer(coro: Any) -> tuple[grpc.StatusCode, str, float | None, Any]:
-    """(code, details, RetryInfo delay, response) of one call."""
-    try:
-        resp = await coro
-        return grpc.StatusCode.OK, "", None, resp
-    except grpc.aio.AioRpcError as err:
-        retry = None
-        status = rpc_status.from_call(err)
-        for d in status.details if status else ():
-            if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-                info = error_details_pb2.RetryInfo()
-                d.Unpack(info)
-                retry = info.retry_delay.seconds + info.retry_delay.nanos / 1e9
-        return err.code(), err.details() or "", retry, None
-
-
-def infer(w: World, texts: list[str], md: Md | None = None, endpoint_id: str | None = None,
-          **kw: Any) -> Any:
-    return w.stub.Infer(gateway_pb2.InferRequest(
-        endpoint_id=endpoint_id or w.endpoint_id, inputs=texts, **kw),
-        metadata=md or w.md, timeout=kw.get("timeout_ms", 10_000) / 1000 + 5)
 
 
 async def test_infer_end_to_end_vectors_truncation_and_bad_input(world: World) -> None:
