@@ -56,7 +56,9 @@ PORTS = {"postgres": _port("POSTGRES", 25432), "nats": _port("NATS", 24222),
          "nats_monitor": _port("NATS_MONITOR", 28222), "redis": _port("REDIS", 26379),
          "gateway": _port("GATEWAY", 23051), "admission": _port("ADMISSION", 23052),
          "meter": _port("METER", 23053), "placer": _port("PLACER", 23054),
-         "autoscaler": _port("AUTOSCALER", 23055), "prometheus": _port("PROMETHEUS", 29090)}
+         "autoscaler": _port("AUTOSCALER", 23055), "prometheus": _port("PROMETHEUS", 29090),
+         # the gateway's OpenAI-compatible API (services/gateway/http.py)
+         "gateway_http": _port("GATEWAY_HTTP", 28080)}
 METRICS_PORTS = {"gateway": _port("GATEWAY_METRICS", 9351),
                  "admission": _port("ADMISSION_METRICS", 9352),
                  "meter": _port("METER_METRICS", 9353), "placer": _port("PLACER_METRICS", 9354),
@@ -124,6 +126,8 @@ def service_env(name: str, data: dict[str, Any]) -> dict[str, str]:
     env.update({f"KESTREL_{name.upper()}_PORT": str(PORTS[name]),
                 f"KESTREL_{name.upper()}_METRICS_PORT": str(METRICS_PORTS[name]),
                 "KESTREL_BIND_HOST": HOST})
+    if name == "gateway":
+        env["KESTREL_GATEWAY_HTTP_PORT"] = str(PORTS["gateway_http"])
     if name in NEEDS_TOKEN:
         env["KESTREL_OPERATOR_TOKEN"] = str(data["operator_token"])
     return env
@@ -132,6 +136,7 @@ def service_env(name: str, data: dict[str, Any]) -> dict[str, str]:
 def client_env(data: dict[str, Any]) -> dict[str, str]:
     """What the CLI, the SDK and grpcurl need to reach this stack as its operator."""
     return {"KESTREL_GATEWAY_ADDR": f"{HOST}:{PORTS['gateway']}",
+            "KESTREL_OPENAI_BASE_URL": f"http://{HOST}:{PORTS['gateway_http']}/v1",
             "KESTREL_METER_ADDR": f"{HOST}:{PORTS['meter']}",
             "KESTREL_ADMISSION_ADDR": f"{HOST}:{PORTS['admission']}",
             "KESTREL_PLACER_ADDR": f"{HOST}:{PORTS['placer']}",

@@ -10,7 +10,9 @@ reserved, then released by a top-up. Meanwhile acme serves the real embedding mo
 (all-MiniLM-L6-v2 on onnxruntime) from an endpoint on the CPU pool: its replicas are
 pods on the real kubelet node, admitted by Kueue, holding rolling reservations and
 metered per core-second; four clients send it requests and the autoscaler grows it
-to two replicas. Tenant beta's endpoint runs on a simulated GPU with a small budget:
+to two replicas; once it is ready, one request goes through gRPC Infer and the same
+texts through the OpenAI-compatible POST /v1/embeddings with curl, and the two answers
+are compared. Tenant beta's endpoint runs on a simulated GPU with a small budget:
 the autoscaler takes it to zero as its runway falls below the endpoint's horizon. A live table
 shows runway, reservations, job states and the endpoint's traffic; the summary
 compares the ledger's GPU-seconds with gpus x elapsed recomputed from Kubernetes' own
@@ -150,6 +152,7 @@ class Demo:
     def __init__(self, gateway: str) -> None:
         self.op = AsyncClient(gateway, operator_token=TOKEN)
         self.clients: dict[str, AsyncClient] = {}
+        self.keys: dict[str, str] = {}
         self.jobs: dict[str, Job] = {}
         self.runways: dict[str, Runway] = {}
         self.log: list[str] = []
@@ -157,6 +160,9 @@ class Demo:
         self.endpoints = {p.tenant: EndpointRun(p) for p in ENDPOINTS}
         self.traffic_stop = asyncio.Event()
         self.autoscaler = ""  # its address: GetScaleState for the table
+        self.http_url = ""  # the gateway's OpenAI-compatible API, http://host:port/v1
+        self.transports: list[tuple[str, str, str, str, str]] = []  # one call, two ways
+        self.transports_ok = False
 
     def note(self, text: str) -> None:
         self.log.append(f"[dim]{time.monotonic() - self.t0:5.1f}s[/dim] {text}")
@@ -168,6 +174,7 @@ class Demo:
                                         initial_credits=credits)
             key = await self.op.create_api_key(tenant, "demo")
             self.clients[tenant] = AsyncClient(self.op.address, api_key=key.secret)
+            self.keys[tenant] = key.secret
             self.note(f"operator: tenant [b]{tenant}[/b] with {credits} credits, quota {quota}")
 
     async def submit(self, p: Plan) -> None:
@@ -204,6 +211,8 @@ class Demo:
             await asyncio.sleep(0.5)
             ep = run.endpoint = await c.get_endpoint(ep.endpoint_id)
         self.note(f"{p.tenant}: endpoint [b]{p.name}[/b] ready: the model loaded")
+        if p.tenant == "acme" and self.http_url:
+            await self.two_transports(c, self.keys[p.tenant], ep)
 
         async def client() -> None:
             while not self.traffic_stop.is_set():
@@ -222,6 +231,43 @@ class Demo:
                         run.failed.append(e.code_name)
                     await asyncio.sleep(0.5)
         await asyncio.gather(*(client() for _ in range(p.clients)))
+
+    async def two_transports(self, c: AsyncClient, key: str, ep: Endpoint) -> None:
+        """The same texts through gRPC Infer (the SDK) and through curl on the
+        OpenAI-compatible URL: one path behind both, so the same vectors."""
+        t = time.perf_counter()
+        try:
+            r = await c.infer(ep.endpoint_id, TEXTS, timeout_s=10)
+        except KestrelError as e:
+            self.transports.append(("gRPC Infer (SDK)", e.code_name, "-", "-", "-"))
+            return
+        grpc_ms = (time.perf_counter() - t) * 1e3
+        self.transports.append(("gRPC Infer (SDK)", "OK", f"{len(r.embeddings)} x "
+                                f"{len(r.embeddings[0])}", "-", f"{grpc_ms:.0f}"))
+        body = json.dumps({"model": ep.name, "input": TEXTS, "encoding_format": "float"})
+        cmd = ["curl", "-sS", "--max-time", "15", "-w", "\n%{http_code}",
+               "-H", f"Authorization: Bearer {key}",
+               "-H", "Content-Type: application/json", "--data-binary", "@-",
+               f"{self.http_url}/embeddings"]
+        t = time.perf_counter()
+        proc = await asyncio.to_thread(subprocess.run, cmd, input=body, capture_output=True,
+                                       text=True, timeout=30, check=False)
+        http_ms = (time.perf_counter() - t) * 1e3
+        text, _, status = proc.stdout.rpartition("\n")
+        if proc.returncode != 0 or status != "200":
+            self.transports.append(("curl POST /v1/embeddings", status or proc.stderr[:60],
+                                    "-", "-", "-"))
+            return
+        out = json.loads(text)
+        vectors = [d["embedding"] for d in out["data"]]
+        diff = max(abs(a - b) for v, e in zip(vectors, r.embeddings, strict=True)
+                   for a, b in zip(v, e, strict=True))
+        self.transports.append((f"curl POST {self.http_url}/embeddings", status,
+                                f"{len(vectors)} x {len(vectors[0])}",
+                                str(out["usage"]["prompt_tokens"]), f"{http_ms:.0f}"))
+        self.transports_ok = diff < 1e-4
+        self.note(f"acme: the same {len(TEXTS)} texts by curl on {self.http_url}/embeddings "
+                  f"-> {status}, max |difference| from gRPC Infer's vectors {diff:.1e}")
 
     async def top_up(self) -> None:
         await asyncio.sleep(TOP_UP_AT_S)
@@ -398,6 +444,18 @@ async def endpoint_summary(stack: Stack, demo: Demo) -> bool:
     finally:
         await db.close()
     console.print(t)
+    tt = Table(title="one request, two transports: gRPC Infer and the OpenAI-compatible URL")
+    for col in ("call", "status", "vectors", "prompt tokens", "ms (one call)"):
+        tt.add_column(col)
+    for row in demo.transports:
+        tt.add_row(*row)
+    tt.add_row("same vectors", "[green]yes[/green]" if demo.transports_ok else "[red]NO[/red]",
+               "", "", "")
+    console.print(tt)
+    if not demo.transports_ok:
+        console.print("[red]the curl call to /v1/embeddings did not return gRPC Infer's "
+                      "vectors[/red]")
+        ok = False
     acme, beta = demo.endpoints["acme"], demo.endpoints["beta"]
     if acme.most < acme.plan.max_replicas or len(acme.served) < MIN_REQUESTS:
         console.print(f"[red]acme's endpoint never grew to {acme.plan.max_replicas} replicas "
@@ -430,13 +488,15 @@ async def main_async(keep: bool) -> int:
         console.print("infrastructure: Postgres, NATS JetStream, Redis on 127.0.0.1 …")
         await asyncio.to_thread(stack.up)
         names = ("meter", "gateway", "admission", "placer", "autoscaler")
-        every_port = port_map(*names, *(f"{n}-metrics" for n in names))  # all distinct
+        every_port = port_map(*names, *(f"{n}-metrics" for n in names),  # all distinct
+                              "gateway-http")
         ports = {n: every_port[n] for n in names}
         metrics_ports = {n: every_port[f"{n}-metrics"] for n in names}
         env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_PRICES": PRICES,
                "KESTREL_METER_TICK_S": "0.5",
                "KESTREL_LOG_LEVEL": os.environ.get("KESTREL_LOG_LEVEL", "INFO"),
                "KESTREL_KUBECONFIG": str(info.kubeconfig),
+               "KESTREL_GATEWAY_HTTP_PORT": str(every_port["gateway-http"]),
                **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
                **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in ports.items()},
                **{f"KESTREL_{n.upper()}_METRICS_PORT": str(p) for n, p in metrics_ports.items()}}
@@ -456,6 +516,7 @@ async def main_async(keep: bool) -> int:
                       f"(alerts {prom.url}/alerts)")
         demo = Demo(f"127.0.0.1:{ports['gateway']}")
         demo.autoscaler = f"127.0.0.1:{ports['autoscaler']}"
+        demo.http_url = f"http://127.0.0.1:{every_port['gateway-http']}/v1"
         await demo.setup()
         with Live(demo.render(), console=console, refresh_per_second=4) as live:
             work = asyncio.gather(*(demo.submit(p) for p in PLAN), demo.top_up())

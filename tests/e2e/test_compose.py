@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -36,7 +37,7 @@ PORTS = {"POSTGRES": 21432, "NATS": 21222, "NATS_MONITOR": 21822, "REDIS": 21379
          "GATEWAY": 21051, "ADMISSION": 21052, "METER": 21053, "PLACER": 21054,
          "AUTOSCALER": 21055, "PROMETHEUS": 21090, "GATEWAY_METRICS": 9451,
          "ADMISSION_METRICS": 9452, "METER_METRICS": 9453, "PLACER_METRICS": 9454,
-         "AUTOSCALER_METRICS": 9455}
+         "AUTOSCALER_METRICS": 9455, "GATEWAY_HTTP": 21080}
 SERVICES = ["provision", "postgres", "nats", "redis", "migrate", "meter", "admission",
             "placer", "gateway", "autoscaler", "prometheus"]
 ONE_SHOT = ("provision", "migrate")
@@ -164,6 +165,18 @@ def test_a_job_runs_an_endpoint_infers_and_the_ledger_holds_both(stack: object) 
         vectors = result.embeddings  # type: ignore[attr-defined]
         assert len(vectors) == 2 and len(vectors[0]) == 384
         assert not result.simulated  # type: ignore[attr-defined]
+        # The same texts through the OpenAI-compatible port compose exposes.
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{PORTS['GATEWAY_HTTP']}/v1/embeddings",
+            json.dumps({"model": "embed", "input": ["a compose stack", "serves the model"],
+                        "encoding_format": "float"}).encode(),
+            {"Authorization": f"Bearer {key.secret}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            body = json.loads(resp.read())
+        assert [d["index"] for d in body["data"]] == [0, 1]
+        assert body["usage"]["prompt_tokens"] > 0
+        assert max(abs(a - b) for a, b in zip(body["data"][0]["embedding"], vectors[0],
+                                              strict=True)) < 1e-4
         me.delete_endpoint(endpoint.endpoint_id)
 
         def endpoint_metered() -> list[object]:
