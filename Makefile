@@ -42,9 +42,10 @@ buf-breaking: setup ## Compare proto/ with main (skipped while main has no proto
 	  echo "buf-breaking: no breaking change against main"; \
 	else echo "buf-breaking: main has no protos yet, skipped"; fi
 
-lint: setup proto-check console-check buf-lint buf-breaking prom-lint compose-check ## ruff, mypy, buf lint, buf breaking, fresh stubs, alert rules, docker-compose.yml
+lint: setup proto-check console-check buf-lint buf-breaking prom-lint compose-check ## ruff, mypy, import contracts, buf lint, buf breaking, fresh stubs, alert rules, docker-compose.yml
 	$(PY) -m ruff check kestrel services tests bench
 	$(PY) -m mypy kestrel services tests bench
+	lint-imports  # pyproject [tool.importlinter]: services on the runtime alone, never each other
 
 prom-lint: setup ## promtool: the alert rules are valid and pass their unit tests
 	promtool check rules deploy/prometheus/rules/*.yml

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def env_str(name: str, default: str) -> str:
@@ -28,6 +29,26 @@ def env_float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise SystemExit(f"{name}={raw!r} is not a number") from None
+
+
+def local_cluster_dir() -> Path:
+    """The local development cluster's state directory (cluster/README.md):
+    KESTREL_CLUSTER_DIR, else $KESTREL_CACHE/cluster, else ~/.cache/kestrel/cluster.
+    The services take two defaults from it, the kubeconfig and the CPU node's image
+    record, so that `make up` needs no settings; a real install sets KESTREL_KUBECONFIG
+    (the chart: in-cluster) and KESTREL_WORKER_IMAGE instead."""
+    cache = Path(os.environ.get("KESTREL_CACHE", str(Path.home() / ".cache" / "kestrel")))
+    return Path(os.environ.get("KESTREL_CLUSTER_DIR", str(cache / "cluster")))
+
+
+def local_kubeconfig() -> Path:
+    return local_cluster_dir() / "kubeconfig"
+
+
+def local_image_record() -> Path:
+    """Where the local CPU node records the images it runs (kestrel.cluster.node
+    writes it: {"kestrel": {"ref": ...}, "pause": {...}})."""
+    return local_cluster_dir() / "node" / "images.json"
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ from kestrel.cluster.plane import api_client
 from kestrel.cluster.processes import wait_until
 from kestrel.workloads import (
     CPU_FLAVOR,
+    KUEUE_API_VERSION,
+    KUEUE_GROUP,
     KWOK_DURATION_ANNOTATION,
     QUEUE_NAME_LABEL,
     condition,
@@ -44,8 +46,6 @@ __all__ = [  # with what it re-exports from kestrel.workloads for its callers
     "run_cpu_job", "tenant_queue_manifests", "workloads_by_job_uid",
 ]
 
-KUEUE_GROUP = "kueue.x-k8s.io"
-KUEUE_API_VERSION = "v1beta2"
 
 
 def gpu_job_manifest(

@@ -7,7 +7,6 @@ runs services exactly as an operator would (`python -m services.<name>`).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kestrel.service import setpriv
 from kestrel.tls import Tls
 from kestrel.tls import channel as tls_channel
 
@@ -34,20 +34,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def as_user(uid: int, gid: int) -> list[str]:
     """argv prefix: run as uid:gid with no supplementary groups (util-linux setpriv)."""
-    return [_setpriv(), f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+    return [setpriv(), f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
 
 
-def die_with_parent(sig: str = "TERM") -> list[str]:
-    """argv prefix: the child gets `sig` when the thread that started it ends
-    (PR_SET_PDEATHSIG, set by setpriv just before it execs the command)."""
-    return [_setpriv(), f"--pdeathsig={sig}"]
-
-
-def _setpriv() -> str:
-    path = shutil.which("setpriv")
-    if path is None:  # util-linux is Essential in Debian; say what is missing if not
-        raise FileNotFoundError("setpriv (util-linux) is needed to start this process")
-    return path
 
 
 def wait_serving(address: str, timeout_s: float = 30.0, service: str = "",

@@ -8,6 +8,7 @@ import contextlib
 import gc
 import logging
 import os
+import shutil
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -15,6 +16,20 @@ from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
+
+
+def setpriv() -> str:
+    path = shutil.which("setpriv")
+    if path is None:  # util-linux is Essential in Debian; say what is missing if not
+        raise FileNotFoundError("setpriv (util-linux) is needed to start this process")
+    return path
+
+
+def die_with_parent(sig: str = "TERM") -> list[str]:
+    """argv prefix: the child gets `sig` when the thread that started it ends
+    (PR_SET_PDEATHSIG, set by setpriv just before it execs the command): a process a
+    service starts (the placer's GPU stand-ins) never outlives it."""
+    return [setpriv(), f"--pdeathsig={sig}"]
 
 
 def setup_logging(service: str, level: str = "INFO") -> None:

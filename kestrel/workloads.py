@@ -17,6 +17,9 @@ TENANT_LABEL = "kestrel.dev/tenant"
 # before a trailing newline ("w\n" passed, then failed as a NATS subject: INTERNAL;
 # found by the issue-17 fuzzer).
 TENANT_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+# The Kueue API the services and the tooling speak (Kueue v0.19).
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_API_VERSION = "v1beta2"
 # What puts a Job in a Kueue LocalQueue, and how long KWOK plays a simulated pod.
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 KWOK_DURATION_ANNOTATION = "pod-complete.stage.kwok.x-k8s.io/delay"
@@ -34,6 +37,9 @@ EVICTION_REASON_ANNOTATION = "kestrel.dev/eviction-reason"
 # flavor's unit is a GPU. Each tenant's ClusterQueue holds CPU_POOL_CORES of it.
 CPU_FLAVOR = "cpu"
 CPU_POOL_CORES = 2
+# The GPU flavors of the local cluster's KWOK nodes: the placer's default
+# (KESTREL_GPU_FLAVORS) and the flavors cluster/ creates.
+GPU_FLAVORS = ("gpu-h100", "gpu-a10")
 # On an endpoint replica's Job and pod: the endpoint it serves.
 ENDPOINT_LABEL = "kestrel.dev/endpoint"
 

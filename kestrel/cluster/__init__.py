@@ -93,7 +93,6 @@ if TYPE_CHECKING:
         CPU_NODE_SELECTOR,
         DEFAULT_TIMEOUT_S,
         EXAMPLE_CLUSTER_QUEUE,
-        GPU_FLAVORS,
         IMAGES_SRC,
         KUBE_BINARIES,
         KUBELET_HEALTHZ_PORT,
@@ -143,7 +142,7 @@ if TYPE_CHECKING:
     from kestrel.cluster.status import (
         server_version,
     )
-    from kestrel.workloads import CPU_FLAVOR
+    from kestrel.workloads import CPU_FLAVOR, GPU_FLAVORS
 
 # Where each name lives: its module under kestrel.cluster (or a full module path).
 _WHERE = {
@@ -164,7 +163,7 @@ _WHERE = {
     "ClusterInfo": "paths",
     "DEFAULT_TIMEOUT_S": "paths",
     "EXAMPLE_CLUSTER_QUEUE": "paths",
-    "GPU_FLAVORS": "paths",
+    "GPU_FLAVORS": "kestrel.workloads",
     "IMAGES_SRC": "paths",
     "KUBELET_HEALTHZ_PORT": "paths",
     "KUBELET_PORT": "paths",

@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from kestrel.config import local_cluster_dir
 from kestrel.workloads import CPU_FLAVOR, POOL_LABEL, SIMULATED_LABEL
 
 Progress = Callable[[str], None]
@@ -29,7 +30,7 @@ CACHE_DIR = Path(os.environ.get("KESTREL_CACHE", str(Path.home() / ".cache" / "k
 BIN_DIR = CACHE_DIR / "bin"
 
 
-STATE_DIR = Path(os.environ.get("KESTREL_CLUSTER_DIR", str(CACHE_DIR / "cluster")))
+STATE_DIR = local_cluster_dir()
 
 
 CLUSTER_NAME = "kestrel"
@@ -53,9 +54,6 @@ KUEUE_METRICS_CERT_PATH = Path("/etc/kueue/metrics/certs")
 
 
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-
-
-GPU_FLAVORS = ("gpu-h100", "gpu-a10")
 
 
 EXAMPLE_CLUSTER_QUEUE = "tenant-example"

@@ -12,8 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from kestrel import bus, checkfeed, runway
 from kestrel.clock import now_us
-from kestrel.cluster.paths import PATHS as CLUSTER_PATHS
-from kestrel.config import Endpoints, env_float, env_int, env_str
+from kestrel.config import Endpoints, env_float, env_int, env_str, local_kubeconfig
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.jobs import JobRow
@@ -60,7 +59,7 @@ class AdmissionConfig:
                    env_int("KESTREL_ADMISSION_PORT", 50052),
                    env_int("KESTREL_ADMISSION_METRICS_PORT", 9152),
                    env_int("KESTREL_MAX_NODE_GPUS", 8),
-                   env_str("KESTREL_KUBECONFIG", str(CLUSTER_PATHS.kubeconfig)),
+                   env_str("KESTREL_KUBECONFIG", str(local_kubeconfig())),
                    env_str("KESTREL_RUNWAY_CHECK", "kestrel-runway"),
                    env_float("KESTREL_ADMISSION_GATHER_S", GATHER_S))
 

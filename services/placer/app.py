@@ -12,14 +12,14 @@ from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter
 
 from kestrel import bus, checkfeed, runway
-from kestrel.cluster.paths import GPU_FLAVORS, PATHS
-from kestrel.config import Endpoints, env_int, env_str
+from kestrel.config import Endpoints, env_int, env_str, local_image_record, local_kubeconfig
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.runway import Runways
 from kestrel.service import drain, every, serve_metrics
 from kestrel.v1 import events_pb2, placer_pb2, placer_pb2_grpc
+from kestrel.workloads import GPU_FLAVORS
 from services.placer.consumers import ACK_WAIT_S, consume_admitted
 from services.placer.core import Placer, PlacerSettings
 from services.placer.domain import DEFAULT_SHORT_BP
@@ -61,12 +61,14 @@ class PlacerConfig:
             host=env_str("KESTREL_BIND_HOST", "127.0.0.1"),
             grpc_port=env_int("KESTREL_PLACER_PORT", 50054),
             metrics_port=env_int("KESTREL_PLACER_METRICS_PORT", 9154),
-            kubeconfig=env_str("KESTREL_KUBECONFIG", str(PATHS.kubeconfig)),
+            kubeconfig=env_str("KESTREL_KUBECONFIG", str(local_kubeconfig())),
             settings=PlacerSettings(
                 flavors=flavors,
                 runway_check=env_str("KESTREL_RUNWAY_CHECK", "kestrel-runway"),
                 short_bp=env_int("KESTREL_PLACER_SHORT_BP", DEFAULT_SHORT_BP),
                 worker_image=env_str("KESTREL_WORKER_IMAGE", ""),
+                worker_image_record=env_str("KESTREL_WORKER_IMAGE_RECORD",
+                                            str(local_image_record())),
                 worker_redis_url=env_str("KESTREL_WORKER_REDIS_URL",
                                          Endpoints.from_env("placer").redis_url),
                 gpu_standins=env_str("KESTREL_PLACER_GPU_STANDINS", "1") == "1"),

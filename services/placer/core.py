@@ -16,17 +16,18 @@ repeats.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from kestrel import checkfeed
 from kestrel.clock import Clock, now_us
-from kestrel.cluster.node import kestrel_image
 from kestrel.errors import FailedPrecondition, Unavailable
 from kestrel.v1 import events_pb2, placer_pb2
 from kestrel.workloads import CPU_FLAVOR, TENANT_LABEL
@@ -68,14 +69,30 @@ Key = tuple[str, str]  # (namespace, job name == Kestrel job id)
 PUBLISH_FANOUT = 256
 
 
+class NoWorkerImage(RuntimeError):
+    """Neither KESTREL_WORKER_IMAGE nor a readable image record names the worker image."""
+
+
+def recorded_image(record: str) -> str:
+    """The Kestrel image's ref in an image record ({"kestrel": {"ref": ...}}, as the
+    local CPU node writes it when it imports the image)."""
+    try:
+        return str(json.loads(Path(record).read_text())["kestrel"]["ref"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise NoWorkerImage(f"no worker image: KESTREL_WORKER_IMAGE is unset and the image "
+                            f"record {record or '(none)'} cannot be read ({exc})") from exc
+
+
 @dataclass(frozen=True)
 class PlacerSettings:
     flavors: tuple[str, ...] = ("gpu-h100", "gpu-a10")
     runway_check: str = "kestrel-runway"
     short_bp: int = 2500
     # Endpoint replicas on the CPU pool: the model worker in the Kestrel image (empty:
-    # the image the real kubelet node imported) and the Redis it serves requests from.
+    # the one recorded in worker_image_record, read at each placement: the local node
+    # records the image it imported there) and the Redis it serves requests from.
     worker_image: str = ""
+    worker_image_record: str = ""
     worker_redis_url: str = "redis://127.0.0.1:6379/0"
     # Run a host worker in place of each running simulated (KWOK) GPU replica.
     gpu_standins: bool = True
@@ -285,7 +302,8 @@ class Placer:
         chosen = self.placement(job, profile)
         worker = None
         if job.endpoint_id:
-            image = self.settings.worker_image or await asyncio.to_thread(kestrel_image)
+            image = self.settings.worker_image or await asyncio.to_thread(
+                recorded_image, self.settings.worker_image_record)
             worker = manifests.Worker(job.endpoint_id, image, self.settings.worker_redis_url)
         plan = manifests.JobPlan(job.job_id, job.tenant, job.name, job.gpus, job.max_duration_s,
                                  job.sim_duration_s, chosen.flavor, chosen.reason, job.labels,

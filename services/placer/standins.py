@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kestrel.procs import die_with_parent
+from kestrel.service import die_with_parent
 from kestrel.workloads import ENDPOINT_LABEL, JOB_ID_LABEL, TENANT_LABEL
 from services.placer.lifecycle import GPU, Obj
 

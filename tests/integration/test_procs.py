@@ -20,7 +20,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kestrel.cluster.processes import _proc_cmdline, pid_alive, runs, spawn_daemon
 from kestrel.devstack import free_port
-from kestrel.procs import REPO, ServiceProcess, as_user, die_with_parent
+from kestrel.procs import REPO, ServiceProcess, as_user
+from kestrel.service import die_with_parent
 
 pytestmark = pytest.mark.integration
 
