@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]  # PyYAML, with the kubernetes client
+import yaml  # PyYAML (pinned in pyproject; the kubernetes client needs it too)
 
 from kestrel.cluster.processes import pid_alive
 from kestrel.devstack import HOST, StackError, _wait, free_port

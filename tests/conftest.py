@@ -111,6 +111,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 OPERATOR_TOKEN = "kso_test-operator-token"
+# The CLI's contexts file: never the developer's own in a test (kestrel.cli.config).
+os.environ.setdefault("KESTREL_CONFIG", str(Path(tempfile.gettempdir()) /
+                                            "kestrel-tests-no-config.toml"))
 
 
 class Plane:

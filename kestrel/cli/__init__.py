@@ -6,30 +6,49 @@
 - `kestrel meter ...`: operator commands straight to the meter
 - `kestrel tap`: print bus messages
 
+- `kestrel config ...`: contexts (kestrel.cli.config), `kestrel --version`, shell
+  completion (`kestrel --install-completion`)
+
 Tenant and operator commands use the Python SDK (`kestrel.Client`) against the
-gateway; errors are one sentence with the gRPC code, exit status 2. Every listing
-and show command prints a table (never cut when stdout is not a terminal), or with
-`-o json` (`--json`) JSON for scripts, or with `-o wide` a table never cut at all.
+gateway. Exit status: 0 done; 1 the API refused or failed (one line on stderr, the
+gRPC status name first); 2 a usage error. Every listing and show command prints a
+table (never cut when stdout is not a terminal), or with `-o json` (`--json`) JSON for
+scripts, `-o yaml` YAML, or with `-o wide` a table never cut at all. Settings: a flag,
+else its KESTREL_* variable, else the context (`--context`, else the current one).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import sys
 from typing import Annotated
 
 import typer
 
-from kestrel.cli import endpoints, meter, operator, tenant
+from kestrel.cli import config, endpoints, meter, operator, tenant
 from kestrel.cli._common import Globals, OutputOpt
 from kestrel.sdk import ENV_ADDRESS, ENV_API_KEY, ENV_OPERATOR_TOKEN
 
 app = typer.Typer(help="Kestrel: runway-aware GPU compute. Operator and tenant commands.",
-                  no_args_is_help=True, add_completion=False)
+                  no_args_is_help=True, add_completion=True)
 
 TENANT = "Tenant (API key)"
 OPERATOR = "Operator (operator token)"
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("kestrel")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"kestrel {version()}")
+        raise typer.Exit(0)
 
 
 @app.callback()
@@ -49,9 +68,22 @@ def _globals(
     as_json: Annotated[bool, typer.Option(
         "--json", help="JSON output for every command (same as -o json)")] = False,
     output: OutputOpt = None,
+    context: Annotated[str | None, typer.Option(
+        "--context", envvar="KESTREL_CONTEXT", show_default=False,
+        help="the context of ~/.config/kestrel/config.toml to use [default: its current]")]
+        = None,
+    _version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="print the version and exit")] = False,
 ) -> None:
-    ctx.obj = Globals(gateway=gateway, api_key=api_key, operator_token=operator_token,
-                      timeout_s=timeout, json=as_json, output=output)
+    if ctx.invoked_subcommand == "config":
+        ctx.obj = Globals(timeout_s=timeout, json=as_json, output=output, context=context)
+        return
+    s = config.resolve({"gateway": gateway, "api-key": api_key,
+                        "operator-token": operator_token}, context)
+    ctx.obj = Globals(gateway=s["gateway"], api_key=s["api-key"],
+                      operator_token=s["operator-token"], timeout_s=timeout, json=as_json,
+                      output=output, context=context)
 
 
 @app.command()
@@ -78,6 +110,7 @@ app.command("top-up", rich_help_panel=OPERATOR)(operator.top_up)
 app.command("adjust", rich_help_panel=OPERATOR,
             context_settings=operator.SIGNED)(operator.adjust)
 app.add_typer(meter.app, name="meter", rich_help_panel=OPERATOR)
+app.add_typer(config.app, name="config")
 
 
 def main() -> None:

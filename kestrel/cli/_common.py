@@ -28,13 +28,19 @@ class Output(enum.StrEnum):
     TABLE = "table"  # the terminal's width; never cut when stdout is not a terminal
     WIDE = "wide"    # never cut, even on a terminal
     JSON = "json"    # machine-readable, money as exact decimal strings
+    YAML = "yaml"    # the same data as JSON, in YAML
+
+
+# Exit statuses, as CLIs have them: 0 done, 1 the API (or the config file) refused or
+# failed, 2 the command line was wrong (click's own usage errors are 2 as well).
+EXIT_API, EXIT_USAGE = 1, 2
 
 
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of a table "
                                                     "(same as -o json)")]
 OutputOpt = Annotated[Output | None, typer.Option(
     "--output", "-o", case_sensitive=False, show_default=False,
-    help="table (default), wide (never cut at the terminal's width) or json")]
+    help="table (default), wide (never cut at the terminal's width), json or yaml")]
 # The job listings' filters (`kestrel jobs`, `kestrel tenants jobs`).
 StatesOpt = Annotated[list[str] | None, typer.Option(
     "--state", help="only jobs in this state, repeatable: held, running, ...")]
@@ -49,6 +55,7 @@ class Globals:
     timeout_s: float = 10.0
     json: bool = False
     output: Output | None = None
+    context: str | None = None
 
 
 def globals_of(ctx: typer.Context) -> Globals:
@@ -64,14 +71,16 @@ def make_client(g: Globals) -> Client:
 
 @contextlib.contextmanager
 def client(ctx: typer.Context) -> Iterator[Client]:
-    """An SDK client whose failures end the command with one sentence and exit status 2."""
+    """An SDK client whose failures end the command with one sentence on stderr: exit
+    status 1 for what the API answered (its gRPC status name first), 2 for a missing
+    credential (the command line's fault)."""
     g = globals_of(ctx)
     c = make_client(g)
     try:
         yield c
     except MissingCredential as exc:
-        fail(f"{exc.code_name}: no {exc.what}: pass --{exc.kwarg.replace('_', '-')} "
-             f"or set {exc.envvar}")
+        fail(f"{exc.code_name}: no {exc.what}: pass --{exc.kwarg.replace('_', '-')}, "
+             f"set {exc.envvar} or use a context (kestrel config)", status=EXIT_USAGE)
     except KestrelError as exc:
         hint = ""
         if exc.code == grpc.StatusCode.UNAVAILABLE:
@@ -81,7 +90,7 @@ def client(ctx: typer.Context) -> Iterator[Client]:
         c.close()
 
 
-def fail(message: str, status: int = 2) -> NoReturn:
+def fail(message: str, status: int = EXIT_API) -> NoReturn:
     """Print `error <message>` on stderr as one line and exit."""
     err_console.print(Text.assemble(("error", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(status)
@@ -100,10 +109,6 @@ def output_of(ctx: typer.Context, as_json: bool = False,
     return g.output or Output.TABLE
 
 
-def want_json(ctx: typer.Context, as_json: bool, output: Output | None = None) -> bool:
-    return output_of(ctx, as_json, output) is Output.JSON
-
-
 def jsonable(value: Any) -> Any:
     """SDK dataclasses, protobuf messages, or lists of them, as JSON-ready values."""
     if isinstance(value, Message):
@@ -112,6 +117,29 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
     return to_jsonable(value)
+
+
+def print_data(ctx: typer.Context, value: Any, *, as_json: bool = False,
+               output: Output | None = None, lines: bool = False) -> None:
+    """JSON or YAML of the value, as the command's output options say (JSON when
+    neither names YAML)."""
+    if output_of(ctx, as_json, output) is Output.YAML:
+        print_yaml(value, lines=lines)
+    else:
+        print_json(value, lines=lines)
+
+
+def print_yaml(value: Any, *, lines: bool = False) -> None:
+    """The JSON data as YAML; with `lines`, one document per value (a stream)."""
+    import yaml
+
+    text = yaml.safe_dump(jsonable(value), sort_keys=False, allow_unicode=True)
+    print(("---\n" if lines else "") + text, end="", flush=lines)
+
+
+def want_data(ctx: typer.Context, as_json: bool, output: Output | None = None) -> bool:
+    """JSON or YAML rather than a table."""
+    return output_of(ctx, as_json, output) in (Output.JSON, Output.YAML)
 
 
 def print_json(value: Any, *, lines: bool = False) -> None:

@@ -20,8 +20,8 @@ from kestrel.cli._common import (
     parse_quota,
     parse_signed_amount,
     parse_states,
-    print_json,
-    want_json,
+    print_data,
+    want_data,
 )
 from kestrel.sdk import Tenant, TopUpResult
 
@@ -133,8 +133,8 @@ def key_create(ctx: typer.Context, tenant: TenantArg,
         created = c.create_api_key(tenant, name)
     warning = ("this secret is shown once and cannot be shown again: store it now "
                "(e.g. export KESTREL_API_KEY=...)")
-    if want_json(ctx, as_json, output):
-        print_json(created)
+    if want_data(ctx, as_json, output):
+        print_data(ctx, created, as_json=as_json, output=output)
         err_console.print(f"[yellow]warning[/] {warning}", soft_wrap=True)
         return
     console = render.out()

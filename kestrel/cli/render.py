@@ -18,7 +18,7 @@ import typer
 from rich.console import Console, RenderableType
 from rich.table import Table
 
-from kestrel.cli._common import Output, cell, output_of, print_json
+from kestrel.cli._common import Output, cell, output_of, print_json, print_yaml
 from kestrel.money import fmt
 from kestrel.sdk import ApiKey, Job, JobState, Runway, Tenant, UsageRow
 
@@ -47,10 +47,13 @@ def out(wide: bool = False) -> Console:
 
 def show(ctx: typer.Context, value: Any, human: Callable[[], Iterable[RenderableType]],
          *, as_json: bool = False, output: Output | None = None) -> None:
-    """Print `value` as JSON, or what `human()` returns for people."""
+    """Print `value` as JSON or YAML, or what `human()` returns for people."""
     mode = output_of(ctx, as_json, output)
     if mode is Output.JSON:
         print_json(value)
+        return
+    if mode is Output.YAML:
+        print_yaml(value)
         return
     console = out(wide=mode is Output.WIDE)
     for part in human():

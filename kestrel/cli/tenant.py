@@ -21,8 +21,8 @@ from kestrel.cli._common import (
     parse_duration,
     parse_pairs,
     parse_states,
-    print_json,
-    want_json,
+    print_data,
+    want_data,
 )
 from kestrel.sdk import Job
 
@@ -102,7 +102,7 @@ def watch(ctx: typer.Context, job_id: JobId,
     """Print each state change of a job until it ends.
 
     Ends at succeeded, failed, cancelled, evicted or rejected."""
-    json_lines = want_json(ctx, as_json, output)
+    json_lines = want_data(ctx, as_json, output)
     console = render.out()
     last: Job | None = None
     with client(ctx) as c:
@@ -112,7 +112,7 @@ def watch(ctx: typer.Context, job_id: JobId,
                 continue
             last = snapshot
             if json_lines:
-                print_json(snapshot, lines=True)
+                print_data(ctx, snapshot, as_json=as_json, output=output, lines=True)
             else:
                 console.print(_change_line(snapshot), soft_wrap=True, highlight=False)
     if last is None or not last.terminal:

@@ -169,7 +169,7 @@ def _component_specs() -> dict[str, dict[str, Any]]:
     """The command line kwokctl recorded for each control-plane component (kwok.yaml's
     KwokctlConfiguration: binary, args, workDir, envs), or {} when it cannot be read."""
     try:
-        import yaml  # type: ignore[import-untyped]  # the venv's, with the kubernetes client
+        import yaml
     except ImportError:
         return {}
     try:

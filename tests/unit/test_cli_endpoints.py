@@ -79,7 +79,7 @@ def test_infer_shows_each_text_and_which_were_cut(fake: FakeClient) -> None:
     assert json.loads(r.output)["truncated"] == [1]
 
 
-def test_a_missing_endpoint_is_one_sentence_and_status_2(fake: FakeClient) -> None:
+def test_a_missing_endpoint_is_one_sentence_and_status_1(fake: FakeClient) -> None:
     r = runner.invoke(app, ["endpoints", "show", "ep-ffffffffffffffff"])
-    assert r.exit_code == 2
+    assert r.exit_code == 1
     assert "not found" in r.output

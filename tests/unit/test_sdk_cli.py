@@ -214,13 +214,13 @@ def test_a_malformed_duration_and_state_are_usage_errors(fake: FakeClient) -> No
     assert fake.calls == []
 
 
-def test_a_server_error_is_one_sentence_with_the_code_and_exit_status_2(
+def test_a_server_error_is_one_sentence_with_the_code_and_exit_status_1(
         fake: FakeClient) -> None:
     fake.error = InvalidArgument(grpc.StatusCode.INVALID_ARGUMENT, "invalid request",
                                  [("gpus", "must be between 1 and 8")])
     result = runner.invoke(app, ["submit", "--name", "x", "--gpus", "9", "--max-duration",
                                  "60"])
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert result.stderr.strip() == "error INVALID_ARGUMENT: gpus: must be between 1 and 8"
     assert result.stdout == ""
 
@@ -228,7 +228,7 @@ def test_a_server_error_is_one_sentence_with_the_code_and_exit_status_2(
 def test_an_unreachable_gateway_names_the_address(fake: FakeClient) -> None:
     fake.error = Unavailable(grpc.StatusCode.UNAVAILABLE, "failed to connect")
     result = runner.invoke(app, ["runway"])
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert result.stderr.strip() == ("error UNAVAILABLE: failed to connect (gateway fake:0; "
                                      "set --gateway or KESTREL_GATEWAY_ADDR)")
 
@@ -238,8 +238,8 @@ def test_a_missing_api_key_is_reported_without_contacting_the_gateway(
     monkeypatch.delenv("KESTREL_API_KEY", raising=False)
     result = runner.invoke(app, ["--gateway", "127.0.0.1:1", "job", "j-1"])
     assert result.exit_code == 2
-    assert result.stderr.strip() == ("error UNAUTHENTICATED: no API key: pass --api-key or "
-                                     "set KESTREL_API_KEY")
+    assert result.stderr.strip() == ("error UNAUTHENTICATED: no API key: pass --api-key, "
+                                     "set KESTREL_API_KEY or use a context (kestrel config)")
 
 
 def test_jobs_filters_by_state_and_renders_a_table(fake: FakeClient) -> None:
