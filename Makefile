@@ -101,7 +101,7 @@ chaos: setup ## Every component faulted in turn under load (kill -9, restarts): 
 	$(PY) -m bench.chaos $(BENCH_ARGS)
 
 sim-autoscale: setup ## Autoscaler scenarios replayed through its core (simulated): reports/sim-autoscale/
-	$(PY) -m services.autoscaler.sim --out reports/sim-autoscale $(SIM_ARGS)
+	$(PY) -m bench.autoscale_sim --out reports/sim-autoscale $(SIM_ARGS)
 
 up: setup grpcurl ## Run the plane for people: devstack + meter, gateway, admission (+ placer)
 	$(PY) -m kestrel.plane up

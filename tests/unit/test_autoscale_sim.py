@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.autoscaler import sim
+from bench import autoscale_sim as sim
 from services.autoscaler.core import Reason
 
 SCENARIOS = {s.name: s for s in sim.scenarios()}

@@ -1,4 +1,4 @@
-"""A deterministic simulation of the autoscaler: `python -m services.autoscaler.sim`.
+"""A deterministic simulation of the autoscaler: `python -m bench.autoscale_sim`.
 
 Everything here is SIMULATED: a virtual clock in 1 s steps, seeded Poisson
 arrivals, a queue model of replicas that serve ~60 requests of 8 texts a second,
@@ -548,7 +548,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m services.autoscaler.sim",
+    ap = argparse.ArgumentParser(prog="python -m bench.autoscale_sim",
                                  description="Replay autoscaler scenarios (simulated).")
     ap.add_argument("--out", type=Path, required=True, help="directory for the report")
     ap.add_argument("--seed", type=int, default=1)
