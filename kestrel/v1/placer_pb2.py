@@ -22,52 +22,39 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from kestrel.v1 import common_pb2 as kestrel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kestrel/v1/placer.proto\x12\nkestrel.v1\x1a\x17kestrel/v1/common.proto\"@\n\x0b\x46lavorQuota\x12\x0e\n\x06\x66lavor\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x01(\x05\x12\x13\n\x0b\x62orrow_gpus\x18\x03 \x01(\x05\"M\n\x13\x45nsureTenantRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12&\n\x05quota\x18\x02 \x03(\x0b\x32\x17.kestrel.v1.FlavorQuota\"U\n\x14\x45nsureTenantResponse\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x13\n\x0blocal_queue\x18\x02 \x01(\t\x12\x15\n\rcluster_queue\x18\x03 \x01(\t\"L\n\x15\x43\x61ncelWorkloadRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0bworkload_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"?\n\x16\x43\x61ncelWorkloadResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x12\x14\n\x0c\x63\x61ncelled_us\x18\x02 \x01(\x03\">\n\x14\x41pplyEndpointRequest\x12&\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x14.kestrel.v1.Endpoint\"?\n\x15\x41pplyEndpointResponse\x12&\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x14.kestrel.v1.Endpoint\"]\n\x14ScaleEndpointRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\x12\x10\n\x08replicas\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\")\n\x15ScaleEndpointResponse\x12\x10\n\x08replicas\x18\x01 \x01(\x05\"<\n\x15\x44\x65leteEndpointRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\")\n\x16\x44\x65leteEndpointResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x12\n\x10ListNodesRequest\"\x86\x01\n\x0b\x43lusterNode\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06\x66lavor\x18\x03 \x01(\t\x12\x11\n\tsimulated\x18\x04 \x01(\x08\x12\r\n\x05ready\x18\x05 \x01(\x08\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\x12\x0b\n\x03\x63pu\x18\x07 \x01(\t\x12\x0e\n\x06memory\x18\x08 \x01(\t\";\n\x11ListNodesResponse\x12&\n\x05nodes\x18\x01 \x03(\x0b\x32\x17.kestrel.v1.ClusterNode\"*\n\x18ListClusterQueuesRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"\x9c\x01\n\x12QueueResourceUsage\x12\x0e\n\x06\x66lavor\x18\x01 \x01(\t\x12\x10\n\x08resource\x18\x02 \x01(\t\x12\x15\n\rnominal_quota\x18\x03 \x01(\t\x12\x17\n\x0f\x62orrowing_limit\x18\x04 \x01(\t\x12\x10\n\x08reserved\x18\x05 \x01(\t\x12\x10\n\x08\x61\x64mitted\x18\x06 \x01(\t\x12\x10\n\x08\x62orrowed\x18\x07 \x01(\t\"\xdc\x01\n\x10\x43lusterQueueView\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06\x63ohort\x18\x03 \x01(\t\x12\x31\n\tresources\x18\x04 \x03(\x0b\x32\x1e.kestrel.v1.QueueResourceUsage\x12\x19\n\x11pending_workloads\x18\x05 \x01(\x05\x12\x1b\n\x13reserving_workloads\x18\x06 \x01(\x05\x12\x1a\n\x12\x61\x64mitted_workloads\x18\x07 \x01(\x05\x12\x13\n\x0bstop_policy\x18\x08 \x01(\t\"Q\n\x19ListClusterQueuesResponse\x12\x34\n\x0e\x63luster_queues\x18\x01 \x03(\x0b\x32\x1c.kestrel.v1.ClusterQueueView2\xe5\x04\n\x06Placer\x12Q\n\x0c\x45nsureTenant\x12\x1f.kestrel.v1.EnsureTenantRequest\x1a .kestrel.v1.EnsureTenantResponse\x12W\n\x0e\x43\x61ncelWorkload\x12!.kestrel.v1.CancelWorkloadRequest\x1a\".kestrel.v1.CancelWorkloadResponse\x12T\n\rApplyEndpoint\x12 .kestrel.v1.ApplyEndpointRequest\x1a!.kestrel.v1.ApplyEndpointResponse\x12T\n\rScaleEndpoint\x12 .kestrel.v1.ScaleEndpointRequest\x1a!.kestrel.v1.ScaleEndpointResponse\x12W\n\x0e\x44\x65leteEndpoint\x12!.kestrel.v1.DeleteEndpointRequest\x1a\".kestrel.v1.DeleteEndpointResponse\x12H\n\tListNodes\x12\x1c.kestrel.v1.ListNodesRequest\x1a\x1d.kestrel.v1.ListNodesResponse\x12`\n\x11ListClusterQueues\x12$.kestrel.v1.ListClusterQueuesRequest\x1a%.kestrel.v1.ListClusterQueuesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kestrel/v1/placer.proto\x12\nkestrel.v1\"@\n\x0b\x46lavorQuota\x12\x0e\n\x06\x66lavor\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x01(\x05\x12\x13\n\x0b\x62orrow_gpus\x18\x03 \x01(\x05\"M\n\x13\x45nsureTenantRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12&\n\x05quota\x18\x02 \x03(\x0b\x32\x17.kestrel.v1.FlavorQuota\"U\n\x14\x45nsureTenantResponse\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x13\n\x0blocal_queue\x18\x02 \x01(\t\x12\x15\n\rcluster_queue\x18\x03 \x01(\t\"L\n\x15\x43\x61ncelWorkloadRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0bworkload_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"?\n\x16\x43\x61ncelWorkloadResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\x12\x14\n\x0c\x63\x61ncelled_us\x18\x02 \x01(\x03\"\x12\n\x10ListNodesRequest\"\x86\x01\n\x0b\x43lusterNode\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12\x0e\n\x06\x66lavor\x18\x03 \x01(\t\x12\x11\n\tsimulated\x18\x04 \x01(\x08\x12\r\n\x05ready\x18\x05 \x01(\x08\x12\x0c\n\x04gpus\x18\x06 \x01(\x05\x12\x0b\n\x03\x63pu\x18\x07 \x01(\t\x12\x0e\n\x06memory\x18\x08 \x01(\t\";\n\x11ListNodesResponse\x12&\n\x05nodes\x18\x01 \x03(\x0b\x32\x17.kestrel.v1.ClusterNode\"*\n\x18ListClusterQueuesRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"\x9c\x01\n\x12QueueResourceUsage\x12\x0e\n\x06\x66lavor\x18\x01 \x01(\t\x12\x10\n\x08resource\x18\x02 \x01(\t\x12\x15\n\rnominal_quota\x18\x03 \x01(\t\x12\x17\n\x0f\x62orrowing_limit\x18\x04 \x01(\t\x12\x10\n\x08reserved\x18\x05 \x01(\t\x12\x10\n\x08\x61\x64mitted\x18\x06 \x01(\t\x12\x10\n\x08\x62orrowed\x18\x07 \x01(\t\"\xdc\x01\n\x10\x43lusterQueueView\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x0e\n\x06\x63ohort\x18\x03 \x01(\t\x12\x31\n\tresources\x18\x04 \x03(\x0b\x32\x1e.kestrel.v1.QueueResourceUsage\x12\x19\n\x11pending_workloads\x18\x05 \x01(\x05\x12\x1b\n\x13reserving_workloads\x18\x06 \x01(\x05\x12\x1a\n\x12\x61\x64mitted_workloads\x18\x07 \x01(\x05\x12\x13\n\x0bstop_policy\x18\x08 \x01(\t\"Q\n\x19ListClusterQueuesResponse\x12\x34\n\x0e\x63luster_queues\x18\x01 \x03(\x0b\x32\x1c.kestrel.v1.ClusterQueueView2\xe0\x02\n\x06Placer\x12Q\n\x0c\x45nsureTenant\x12\x1f.kestrel.v1.EnsureTenantRequest\x1a .kestrel.v1.EnsureTenantResponse\x12W\n\x0e\x43\x61ncelWorkload\x12!.kestrel.v1.CancelWorkloadRequest\x1a\".kestrel.v1.CancelWorkloadResponse\x12H\n\tListNodes\x12\x1c.kestrel.v1.ListNodesRequest\x1a\x1d.kestrel.v1.ListNodesResponse\x12`\n\x11ListClusterQueues\x12$.kestrel.v1.ListClusterQueuesRequest\x1a%.kestrel.v1.ListClusterQueuesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kestrel.v1.placer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FLAVORQUOTA']._serialized_start=64
-  _globals['_FLAVORQUOTA']._serialized_end=128
-  _globals['_ENSURETENANTREQUEST']._serialized_start=130
-  _globals['_ENSURETENANTREQUEST']._serialized_end=207
-  _globals['_ENSURETENANTRESPONSE']._serialized_start=209
-  _globals['_ENSURETENANTRESPONSE']._serialized_end=294
-  _globals['_CANCELWORKLOADREQUEST']._serialized_start=296
-  _globals['_CANCELWORKLOADREQUEST']._serialized_end=372
-  _globals['_CANCELWORKLOADRESPONSE']._serialized_start=374
-  _globals['_CANCELWORKLOADRESPONSE']._serialized_end=437
-  _globals['_APPLYENDPOINTREQUEST']._serialized_start=439
-  _globals['_APPLYENDPOINTREQUEST']._serialized_end=501
-  _globals['_APPLYENDPOINTRESPONSE']._serialized_start=503
-  _globals['_APPLYENDPOINTRESPONSE']._serialized_end=566
-  _globals['_SCALEENDPOINTREQUEST']._serialized_start=568
-  _globals['_SCALEENDPOINTREQUEST']._serialized_end=661
-  _globals['_SCALEENDPOINTRESPONSE']._serialized_start=663
-  _globals['_SCALEENDPOINTRESPONSE']._serialized_end=704
-  _globals['_DELETEENDPOINTREQUEST']._serialized_start=706
-  _globals['_DELETEENDPOINTREQUEST']._serialized_end=766
-  _globals['_DELETEENDPOINTRESPONSE']._serialized_start=768
-  _globals['_DELETEENDPOINTRESPONSE']._serialized_end=809
-  _globals['_LISTNODESREQUEST']._serialized_start=811
-  _globals['_LISTNODESREQUEST']._serialized_end=829
-  _globals['_CLUSTERNODE']._serialized_start=832
-  _globals['_CLUSTERNODE']._serialized_end=966
-  _globals['_LISTNODESRESPONSE']._serialized_start=968
-  _globals['_LISTNODESRESPONSE']._serialized_end=1027
-  _globals['_LISTCLUSTERQUEUESREQUEST']._serialized_start=1029
-  _globals['_LISTCLUSTERQUEUESREQUEST']._serialized_end=1071
-  _globals['_QUEUERESOURCEUSAGE']._serialized_start=1074
-  _globals['_QUEUERESOURCEUSAGE']._serialized_end=1230
-  _globals['_CLUSTERQUEUEVIEW']._serialized_start=1233
-  _globals['_CLUSTERQUEUEVIEW']._serialized_end=1453
-  _globals['_LISTCLUSTERQUEUESRESPONSE']._serialized_start=1455
-  _globals['_LISTCLUSTERQUEUESRESPONSE']._serialized_end=1536
-  _globals['_PLACER']._serialized_start=1539
-  _globals['_PLACER']._serialized_end=2152
+  _globals['_FLAVORQUOTA']._serialized_start=39
+  _globals['_FLAVORQUOTA']._serialized_end=103
+  _globals['_ENSURETENANTREQUEST']._serialized_start=105
+  _globals['_ENSURETENANTREQUEST']._serialized_end=182
+  _globals['_ENSURETENANTRESPONSE']._serialized_start=184
+  _globals['_ENSURETENANTRESPONSE']._serialized_end=269
+  _globals['_CANCELWORKLOADREQUEST']._serialized_start=271
+  _globals['_CANCELWORKLOADREQUEST']._serialized_end=347
+  _globals['_CANCELWORKLOADRESPONSE']._serialized_start=349
+  _globals['_CANCELWORKLOADRESPONSE']._serialized_end=412
+  _globals['_LISTNODESREQUEST']._serialized_start=414
+  _globals['_LISTNODESREQUEST']._serialized_end=432
+  _globals['_CLUSTERNODE']._serialized_start=435
+  _globals['_CLUSTERNODE']._serialized_end=569
+  _globals['_LISTNODESRESPONSE']._serialized_start=571
+  _globals['_LISTNODESRESPONSE']._serialized_end=630
+  _globals['_LISTCLUSTERQUEUESREQUEST']._serialized_start=632
+  _globals['_LISTCLUSTERQUEUESREQUEST']._serialized_end=674
+  _globals['_QUEUERESOURCEUSAGE']._serialized_start=677
+  _globals['_QUEUERESOURCEUSAGE']._serialized_end=833
+  _globals['_CLUSTERQUEUEVIEW']._serialized_start=836
+  _globals['_CLUSTERQUEUEVIEW']._serialized_end=1056
+  _globals['_LISTCLUSTERQUEUESRESPONSE']._serialized_start=1058
+  _globals['_LISTCLUSTERQUEUESRESPONSE']._serialized_end=1139
+  _globals['_PLACER']._serialized_start=1142
+  _globals['_PLACER']._serialized_end=1494
 # @@protoc_insertion_point(module_scope)

@@ -45,21 +45,6 @@ class PlacerStub:
                 request_serializer=kestrel_dot_v1_dot_placer__pb2.CancelWorkloadRequest.SerializeToString,
                 response_deserializer=kestrel_dot_v1_dot_placer__pb2.CancelWorkloadResponse.FromString,
                 _registered_method=True)
-        self.ApplyEndpoint = channel.unary_unary(
-                '/kestrel.v1.Placer/ApplyEndpoint',
-                request_serializer=kestrel_dot_v1_dot_placer__pb2.ApplyEndpointRequest.SerializeToString,
-                response_deserializer=kestrel_dot_v1_dot_placer__pb2.ApplyEndpointResponse.FromString,
-                _registered_method=True)
-        self.ScaleEndpoint = channel.unary_unary(
-                '/kestrel.v1.Placer/ScaleEndpoint',
-                request_serializer=kestrel_dot_v1_dot_placer__pb2.ScaleEndpointRequest.SerializeToString,
-                response_deserializer=kestrel_dot_v1_dot_placer__pb2.ScaleEndpointResponse.FromString,
-                _registered_method=True)
-        self.DeleteEndpoint = channel.unary_unary(
-                '/kestrel.v1.Placer/DeleteEndpoint',
-                request_serializer=kestrel_dot_v1_dot_placer__pb2.DeleteEndpointRequest.SerializeToString,
-                response_deserializer=kestrel_dot_v1_dot_placer__pb2.DeleteEndpointResponse.FromString,
-                _registered_method=True)
         self.ListNodes = channel.unary_unary(
                 '/kestrel.v1.Placer/ListNodes',
                 request_serializer=kestrel_dot_v1_dot_placer__pb2.ListNodesRequest.SerializeToString,
@@ -90,28 +75,11 @@ class PlacerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def ApplyEndpoint(self, request, context):
-        """Create or update an endpoint's Deployment.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ScaleEndpoint(self, request, context):
-        """Set an endpoint's replica count (called by the autoscaler).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def DeleteEndpoint(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def ListNodes(self, request, context):
-        """Read only, for operators (the console's cluster view): the nodes with their pool
+        """ApplyEndpoint, ScaleEndpoint and DeleteEndpoint were removed: they only ever
+        answered UNIMPLEMENTED. An endpoint's replicas are Kestrel jobs, admitted and
+        placed as every job is (the gateway's endpoints; docs/endpoints.md).
+        Read only, for operators (the console's cluster view): the nodes with their pool
         and whether they are simulated (KWOK) or a real kubelet.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -137,21 +105,6 @@ def add_PlacerServicer_to_server(servicer, server):
                     servicer.CancelWorkload,
                     request_deserializer=kestrel_dot_v1_dot_placer__pb2.CancelWorkloadRequest.FromString,
                     response_serializer=kestrel_dot_v1_dot_placer__pb2.CancelWorkloadResponse.SerializeToString,
-            ),
-            'ApplyEndpoint': grpc.unary_unary_rpc_method_handler(
-                    servicer.ApplyEndpoint,
-                    request_deserializer=kestrel_dot_v1_dot_placer__pb2.ApplyEndpointRequest.FromString,
-                    response_serializer=kestrel_dot_v1_dot_placer__pb2.ApplyEndpointResponse.SerializeToString,
-            ),
-            'ScaleEndpoint': grpc.unary_unary_rpc_method_handler(
-                    servicer.ScaleEndpoint,
-                    request_deserializer=kestrel_dot_v1_dot_placer__pb2.ScaleEndpointRequest.FromString,
-                    response_serializer=kestrel_dot_v1_dot_placer__pb2.ScaleEndpointResponse.SerializeToString,
-            ),
-            'DeleteEndpoint': grpc.unary_unary_rpc_method_handler(
-                    servicer.DeleteEndpoint,
-                    request_deserializer=kestrel_dot_v1_dot_placer__pb2.DeleteEndpointRequest.FromString,
-                    response_serializer=kestrel_dot_v1_dot_placer__pb2.DeleteEndpointResponse.SerializeToString,
             ),
             'ListNodes': grpc.unary_unary_rpc_method_handler(
                     servicer.ListNodes,
@@ -219,87 +172,6 @@ class Placer:
             '/kestrel.v1.Placer/CancelWorkload',
             kestrel_dot_v1_dot_placer__pb2.CancelWorkloadRequest.SerializeToString,
             kestrel_dot_v1_dot_placer__pb2.CancelWorkloadResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ApplyEndpoint(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/kestrel.v1.Placer/ApplyEndpoint',
-            kestrel_dot_v1_dot_placer__pb2.ApplyEndpointRequest.SerializeToString,
-            kestrel_dot_v1_dot_placer__pb2.ApplyEndpointResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ScaleEndpoint(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/kestrel.v1.Placer/ScaleEndpoint',
-            kestrel_dot_v1_dot_placer__pb2.ScaleEndpointRequest.SerializeToString,
-            kestrel_dot_v1_dot_placer__pb2.ScaleEndpointResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def DeleteEndpoint(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/kestrel.v1.Placer/DeleteEndpoint',
-            kestrel_dot_v1_dot_placer__pb2.DeleteEndpointRequest.SerializeToString,
-            kestrel_dot_v1_dot_placer__pb2.DeleteEndpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,13 +37,11 @@ class PlacerStub:
     """Namespace, LocalQueue and ClusterQueue of a tenant (idempotent)."""
     CancelWorkload: _grpc.UnaryUnaryMultiCallable[_placer_pb2.CancelWorkloadRequest, _placer_pb2.CancelWorkloadResponse]
     """Delete a job's Kubernetes Job; the allocation ends at that instant."""
-    ApplyEndpoint: _grpc.UnaryUnaryMultiCallable[_placer_pb2.ApplyEndpointRequest, _placer_pb2.ApplyEndpointResponse]
-    """Create or update an endpoint's Deployment."""
-    ScaleEndpoint: _grpc.UnaryUnaryMultiCallable[_placer_pb2.ScaleEndpointRequest, _placer_pb2.ScaleEndpointResponse]
-    """Set an endpoint's replica count (called by the autoscaler)."""
-    DeleteEndpoint: _grpc.UnaryUnaryMultiCallable[_placer_pb2.DeleteEndpointRequest, _placer_pb2.DeleteEndpointResponse]
     ListNodes: _grpc.UnaryUnaryMultiCallable[_placer_pb2.ListNodesRequest, _placer_pb2.ListNodesResponse]
-    """Read only, for operators (the console's cluster view): the nodes with their pool
+    """ApplyEndpoint, ScaleEndpoint and DeleteEndpoint were removed: they only ever
+    answered UNIMPLEMENTED. An endpoint's replicas are Kestrel jobs, admitted and
+    placed as every job is (the gateway's endpoints; docs/endpoints.md).
+    Read only, for operators (the console's cluster view): the nodes with their pool
     and whether they are simulated (KWOK) or a real kubelet.
     """
     ListClusterQueues: _grpc.UnaryUnaryMultiCallable[_placer_pb2.ListClusterQueuesRequest, _placer_pb2.ListClusterQueuesResponse]
@@ -58,13 +56,11 @@ class PlacerAsyncStub(PlacerStub):
     """Namespace, LocalQueue and ClusterQueue of a tenant (idempotent)."""
     CancelWorkload: _aio.UnaryUnaryMultiCallable[_placer_pb2.CancelWorkloadRequest, _placer_pb2.CancelWorkloadResponse]  # type: ignore[assignment]
     """Delete a job's Kubernetes Job; the allocation ends at that instant."""
-    ApplyEndpoint: _aio.UnaryUnaryMultiCallable[_placer_pb2.ApplyEndpointRequest, _placer_pb2.ApplyEndpointResponse]  # type: ignore[assignment]
-    """Create or update an endpoint's Deployment."""
-    ScaleEndpoint: _aio.UnaryUnaryMultiCallable[_placer_pb2.ScaleEndpointRequest, _placer_pb2.ScaleEndpointResponse]  # type: ignore[assignment]
-    """Set an endpoint's replica count (called by the autoscaler)."""
-    DeleteEndpoint: _aio.UnaryUnaryMultiCallable[_placer_pb2.DeleteEndpointRequest, _placer_pb2.DeleteEndpointResponse]  # type: ignore[assignment]
     ListNodes: _aio.UnaryUnaryMultiCallable[_placer_pb2.ListNodesRequest, _placer_pb2.ListNodesResponse]  # type: ignore[assignment]
-    """Read only, for operators (the console's cluster view): the nodes with their pool
+    """ApplyEndpoint, ScaleEndpoint and DeleteEndpoint were removed: they only ever
+    answered UNIMPLEMENTED. An endpoint's replicas are Kestrel jobs, admitted and
+    placed as every job is (the gateway's endpoints; docs/endpoints.md).
+    Read only, for operators (the console's cluster view): the nodes with their pool
     and whether they are simulated (KWOK) or a real kubelet.
     """
     ListClusterQueues: _aio.UnaryUnaryMultiCallable[_placer_pb2.ListClusterQueuesRequest, _placer_pb2.ListClusterQueuesResponse]  # type: ignore[assignment]
@@ -90,35 +86,15 @@ class PlacerServicer(metaclass=_abc_1.ABCMeta):
         """Delete a job's Kubernetes Job; the allocation ends at that instant."""
 
     @_abc_1.abstractmethod
-    def ApplyEndpoint(
-        self,
-        request: _placer_pb2.ApplyEndpointRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_placer_pb2.ApplyEndpointResponse, _abc.Awaitable[_placer_pb2.ApplyEndpointResponse]]:
-        """Create or update an endpoint's Deployment."""
-
-    @_abc_1.abstractmethod
-    def ScaleEndpoint(
-        self,
-        request: _placer_pb2.ScaleEndpointRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_placer_pb2.ScaleEndpointResponse, _abc.Awaitable[_placer_pb2.ScaleEndpointResponse]]:
-        """Set an endpoint's replica count (called by the autoscaler)."""
-
-    @_abc_1.abstractmethod
-    def DeleteEndpoint(
-        self,
-        request: _placer_pb2.DeleteEndpointRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_placer_pb2.DeleteEndpointResponse, _abc.Awaitable[_placer_pb2.DeleteEndpointResponse]]: ...
-
-    @_abc_1.abstractmethod
     def ListNodes(
         self,
         request: _placer_pb2.ListNodesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_placer_pb2.ListNodesResponse, _abc.Awaitable[_placer_pb2.ListNodesResponse]]:
-        """Read only, for operators (the console's cluster view): the nodes with their pool
+        """ApplyEndpoint, ScaleEndpoint and DeleteEndpoint were removed: they only ever
+        answered UNIMPLEMENTED. An endpoint's replicas are Kestrel jobs, admitted and
+        placed as every job is (the gateway's endpoints; docs/endpoints.md).
+        Read only, for operators (the console's cluster view): the nodes with their pool
         and whether they are simulated (KWOK) or a real kubelet.
         """
 

@@ -6,7 +6,7 @@ from typing import Any, TypeAlias
 
 import grpc
 
-from kestrel.errors import Unimplemented, Violations
+from kestrel.errors import Violations
 from kestrel.grpcserver import map_errors
 from kestrel.v1 import placer_pb2, placer_pb2_grpc
 from kestrel.workloads import TENANT_ID_RE
@@ -52,18 +52,6 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
         v.raise_if_any()
         deleted, at = await self.placer.cancel(request.tenant, request.workload_id)
         return placer_pb2.CancelWorkloadResponse(deleted=deleted, cancelled_us=at)
-
-    async def ApplyEndpoint(self, request: placer_pb2.ApplyEndpointRequest,
-                            context: Ctx) -> placer_pb2.ApplyEndpointResponse:
-        raise Unimplemented("endpoints are not placed yet")
-
-    async def ScaleEndpoint(self, request: placer_pb2.ScaleEndpointRequest,
-                            context: Ctx) -> placer_pb2.ScaleEndpointResponse:
-        raise Unimplemented("endpoints are not placed yet")
-
-    async def DeleteEndpoint(self, request: placer_pb2.DeleteEndpointRequest,
-                             context: Ctx) -> placer_pb2.DeleteEndpointResponse:
-        raise Unimplemented("endpoints are not placed yet")
 
     async def ListNodes(self, request: placer_pb2.ListNodesRequest,
                         context: Ctx) -> placer_pb2.ListNodesResponse:

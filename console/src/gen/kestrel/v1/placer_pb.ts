@@ -4,15 +4,13 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { Endpoint } from "./common_pb";
-import { file_kestrel_v1_common } from "./common_pb";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file kestrel/v1/placer.proto.
  */
 export const file_kestrel_v1_placer: GenFile = /*@__PURE__*/
-  fileDesc("ChdrZXN0cmVsL3YxL3BsYWNlci5wcm90bxIKa2VzdHJlbC52MSJACgtGbGF2b3JRdW90YRIOCgZmbGF2b3IYASABKAkSDAoEZ3B1cxgCIAEoBRITCgtib3Jyb3dfZ3B1cxgDIAEoBSJNChNFbnN1cmVUZW5hbnRSZXF1ZXN0Eg4KBnRlbmFudBgBIAEoCRImCgVxdW90YRgCIAMoCzIXLmtlc3RyZWwudjEuRmxhdm9yUXVvdGEiVQoURW5zdXJlVGVuYW50UmVzcG9uc2USEQoJbmFtZXNwYWNlGAEgASgJEhMKC2xvY2FsX3F1ZXVlGAIgASgJEhUKDWNsdXN0ZXJfcXVldWUYAyABKAkiTAoVQ2FuY2VsV29ya2xvYWRSZXF1ZXN0Eg4KBnRlbmFudBgBIAEoCRITCgt3b3JrbG9hZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPwoWQ2FuY2VsV29ya2xvYWRSZXNwb25zZRIPCgdkZWxldGVkGAEgASgIEhQKDGNhbmNlbGxlZF91cxgCIAEoAyI+ChRBcHBseUVuZHBvaW50UmVxdWVzdBImCghlbmRwb2ludBgBIAEoCzIULmtlc3RyZWwudjEuRW5kcG9pbnQiPwoVQXBwbHlFbmRwb2ludFJlc3BvbnNlEiYKCGVuZHBvaW50GAEgASgLMhQua2VzdHJlbC52MS5FbmRwb2ludCJdChRTY2FsZUVuZHBvaW50UmVxdWVzdBIOCgZ0ZW5hbnQYASABKAkSEwoLZW5kcG9pbnRfaWQYAiABKAkSEAoIcmVwbGljYXMYAyABKAUSDgoGcmVhc29uGAQgASgJIikKFVNjYWxlRW5kcG9pbnRSZXNwb25zZRIQCghyZXBsaWNhcxgBIAEoBSI8ChVEZWxldGVFbmRwb2ludFJlcXVlc3QSDgoGdGVuYW50GAEgASgJEhMKC2VuZHBvaW50X2lkGAIgASgJIikKFkRlbGV0ZUVuZHBvaW50UmVzcG9uc2USDwoHZGVsZXRlZBgBIAEoCCISChBMaXN0Tm9kZXNSZXF1ZXN0IoYBCgtDbHVzdGVyTm9kZRIMCgRuYW1lGAEgASgJEgwKBHBvb2wYAiABKAkSDgoGZmxhdm9yGAMgASgJEhEKCXNpbXVsYXRlZBgEIAEoCBINCgVyZWFkeRgFIAEoCBIMCgRncHVzGAYgASgFEgsKA2NwdRgHIAEoCRIOCgZtZW1vcnkYCCABKAkiOwoRTGlzdE5vZGVzUmVzcG9uc2USJgoFbm9kZXMYASADKAsyFy5rZXN0cmVsLnYxLkNsdXN0ZXJOb2RlIioKGExpc3RDbHVzdGVyUXVldWVzUmVxdWVzdBIOCgZ0ZW5hbnQYASABKAkinAEKElF1ZXVlUmVzb3VyY2VVc2FnZRIOCgZmbGF2b3IYASABKAkSEAoIcmVzb3VyY2UYAiABKAkSFQoNbm9taW5hbF9xdW90YRgDIAEoCRIXCg9ib3Jyb3dpbmdfbGltaXQYBCABKAkSEAoIcmVzZXJ2ZWQYBSABKAkSEAoIYWRtaXR0ZWQYBiABKAkSEAoIYm9ycm93ZWQYByABKAki3AEKEENsdXN0ZXJRdWV1ZVZpZXcSDAoEbmFtZRgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSDgoGY29ob3J0GAMgASgJEjEKCXJlc291cmNlcxgEIAMoCzIeLmtlc3RyZWwudjEuUXVldWVSZXNvdXJjZVVzYWdlEhkKEXBlbmRpbmdfd29ya2xvYWRzGAUgASgFEhsKE3Jlc2VydmluZ193b3JrbG9hZHMYBiABKAUSGgoSYWRtaXR0ZWRfd29ya2xvYWRzGAcgASgFEhMKC3N0b3BfcG9saWN5GAggASgJIlEKGUxpc3RDbHVzdGVyUXVldWVzUmVzcG9uc2USNAoOY2x1c3Rlcl9xdWV1ZXMYASADKAsyHC5rZXN0cmVsLnYxLkNsdXN0ZXJRdWV1ZVZpZXcy5QQKBlBsYWNlchJRCgxFbnN1cmVUZW5hbnQSHy5rZXN0cmVsLnYxLkVuc3VyZVRlbmFudFJlcXVlc3QaIC5rZXN0cmVsLnYxLkVuc3VyZVRlbmFudFJlc3BvbnNlElcKDkNhbmNlbFdvcmtsb2FkEiEua2VzdHJlbC52MS5DYW5jZWxXb3JrbG9hZFJlcXVlc3QaIi5rZXN0cmVsLnYxLkNhbmNlbFdvcmtsb2FkUmVzcG9uc2USVAoNQXBwbHlFbmRwb2ludBIgLmtlc3RyZWwudjEuQXBwbHlFbmRwb2ludFJlcXVlc3QaIS5rZXN0cmVsLnYxLkFwcGx5RW5kcG9pbnRSZXNwb25zZRJUCg1TY2FsZUVuZHBvaW50EiAua2VzdHJlbC52MS5TY2FsZUVuZHBvaW50UmVxdWVzdBohLmtlc3RyZWwudjEuU2NhbGVFbmRwb2ludFJlc3BvbnNlElcKDkRlbGV0ZUVuZHBvaW50EiEua2VzdHJlbC52MS5EZWxldGVFbmRwb2ludFJlcXVlc3QaIi5rZXN0cmVsLnYxLkRlbGV0ZUVuZHBvaW50UmVzcG9uc2USSAoJTGlzdE5vZGVzEhwua2VzdHJlbC52MS5MaXN0Tm9kZXNSZXF1ZXN0Gh0ua2VzdHJlbC52MS5MaXN0Tm9kZXNSZXNwb25zZRJgChFMaXN0Q2x1c3RlclF1ZXVlcxIkLmtlc3RyZWwudjEuTGlzdENsdXN0ZXJRdWV1ZXNSZXF1ZXN0GiUua2VzdHJlbC52MS5MaXN0Q2x1c3RlclF1ZXVlc1Jlc3BvbnNlYgZwcm90bzM", [file_kestrel_v1_common]);
+  fileDesc("ChdrZXN0cmVsL3YxL3BsYWNlci5wcm90bxIKa2VzdHJlbC52MSJACgtGbGF2b3JRdW90YRIOCgZmbGF2b3IYASABKAkSDAoEZ3B1cxgCIAEoBRITCgtib3Jyb3dfZ3B1cxgDIAEoBSJNChNFbnN1cmVUZW5hbnRSZXF1ZXN0Eg4KBnRlbmFudBgBIAEoCRImCgVxdW90YRgCIAMoCzIXLmtlc3RyZWwudjEuRmxhdm9yUXVvdGEiVQoURW5zdXJlVGVuYW50UmVzcG9uc2USEQoJbmFtZXNwYWNlGAEgASgJEhMKC2xvY2FsX3F1ZXVlGAIgASgJEhUKDWNsdXN0ZXJfcXVldWUYAyABKAkiTAoVQ2FuY2VsV29ya2xvYWRSZXF1ZXN0Eg4KBnRlbmFudBgBIAEoCRITCgt3b3JrbG9hZF9pZBgCIAEoCRIOCgZyZWFzb24YAyABKAkiPwoWQ2FuY2VsV29ya2xvYWRSZXNwb25zZRIPCgdkZWxldGVkGAEgASgIEhQKDGNhbmNlbGxlZF91cxgCIAEoAyISChBMaXN0Tm9kZXNSZXF1ZXN0IoYBCgtDbHVzdGVyTm9kZRIMCgRuYW1lGAEgASgJEgwKBHBvb2wYAiABKAkSDgoGZmxhdm9yGAMgASgJEhEKCXNpbXVsYXRlZBgEIAEoCBINCgVyZWFkeRgFIAEoCBIMCgRncHVzGAYgASgFEgsKA2NwdRgHIAEoCRIOCgZtZW1vcnkYCCABKAkiOwoRTGlzdE5vZGVzUmVzcG9uc2USJgoFbm9kZXMYASADKAsyFy5rZXN0cmVsLnYxLkNsdXN0ZXJOb2RlIioKGExpc3RDbHVzdGVyUXVldWVzUmVxdWVzdBIOCgZ0ZW5hbnQYASABKAkinAEKElF1ZXVlUmVzb3VyY2VVc2FnZRIOCgZmbGF2b3IYASABKAkSEAoIcmVzb3VyY2UYAiABKAkSFQoNbm9taW5hbF9xdW90YRgDIAEoCRIXCg9ib3Jyb3dpbmdfbGltaXQYBCABKAkSEAoIcmVzZXJ2ZWQYBSABKAkSEAoIYWRtaXR0ZWQYBiABKAkSEAoIYm9ycm93ZWQYByABKAki3AEKEENsdXN0ZXJRdWV1ZVZpZXcSDAoEbmFtZRgBIAEoCRIOCgZ0ZW5hbnQYAiABKAkSDgoGY29ob3J0GAMgASgJEjEKCXJlc291cmNlcxgEIAMoCzIeLmtlc3RyZWwudjEuUXVldWVSZXNvdXJjZVVzYWdlEhkKEXBlbmRpbmdfd29ya2xvYWRzGAUgASgFEhsKE3Jlc2VydmluZ193b3JrbG9hZHMYBiABKAUSGgoSYWRtaXR0ZWRfd29ya2xvYWRzGAcgASgFEhMKC3N0b3BfcG9saWN5GAggASgJIlEKGUxpc3RDbHVzdGVyUXVldWVzUmVzcG9uc2USNAoOY2x1c3Rlcl9xdWV1ZXMYASADKAsyHC5rZXN0cmVsLnYxLkNsdXN0ZXJRdWV1ZVZpZXcy4AIKBlBsYWNlchJRCgxFbnN1cmVUZW5hbnQSHy5rZXN0cmVsLnYxLkVuc3VyZVRlbmFudFJlcXVlc3QaIC5rZXN0cmVsLnYxLkVuc3VyZVRlbmFudFJlc3BvbnNlElcKDkNhbmNlbFdvcmtsb2FkEiEua2VzdHJlbC52MS5DYW5jZWxXb3JrbG9hZFJlcXVlc3QaIi5rZXN0cmVsLnYxLkNhbmNlbFdvcmtsb2FkUmVzcG9uc2USSAoJTGlzdE5vZGVzEhwua2VzdHJlbC52MS5MaXN0Tm9kZXNSZXF1ZXN0Gh0ua2VzdHJlbC52MS5MaXN0Tm9kZXNSZXNwb25zZRJgChFMaXN0Q2x1c3RlclF1ZXVlcxIkLmtlc3RyZWwudjEuTGlzdENsdXN0ZXJRdWV1ZXNSZXF1ZXN0GiUua2VzdHJlbC52MS5MaXN0Q2x1c3RlclF1ZXVlc1Jlc3BvbnNlYgZwcm90bzM");
 
 /**
  * @generated from message kestrel.v1.FlavorQuota
@@ -145,128 +143,6 @@ export const CancelWorkloadResponseSchema: GenMessage<CancelWorkloadResponse> = 
   messageDesc(file_kestrel_v1_placer, 4);
 
 /**
- * @generated from message kestrel.v1.ApplyEndpointRequest
- */
-export type ApplyEndpointRequest = Message<"kestrel.v1.ApplyEndpointRequest"> & {
-  /**
-   * @generated from field: kestrel.v1.Endpoint endpoint = 1;
-   */
-  endpoint?: Endpoint | undefined;
-};
-
-/**
- * Describes the message kestrel.v1.ApplyEndpointRequest.
- * Use `create(ApplyEndpointRequestSchema)` to create a new message.
- */
-export const ApplyEndpointRequestSchema: GenMessage<ApplyEndpointRequest> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_placer, 5);
-
-/**
- * @generated from message kestrel.v1.ApplyEndpointResponse
- */
-export type ApplyEndpointResponse = Message<"kestrel.v1.ApplyEndpointResponse"> & {
-  /**
-   * @generated from field: kestrel.v1.Endpoint endpoint = 1;
-   */
-  endpoint?: Endpoint | undefined;
-};
-
-/**
- * Describes the message kestrel.v1.ApplyEndpointResponse.
- * Use `create(ApplyEndpointResponseSchema)` to create a new message.
- */
-export const ApplyEndpointResponseSchema: GenMessage<ApplyEndpointResponse> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_placer, 6);
-
-/**
- * @generated from message kestrel.v1.ScaleEndpointRequest
- */
-export type ScaleEndpointRequest = Message<"kestrel.v1.ScaleEndpointRequest"> & {
-  /**
-   * @generated from field: string tenant = 1;
-   */
-  tenant: string;
-
-  /**
-   * @generated from field: string endpoint_id = 2;
-   */
-  endpointId: string;
-
-  /**
-   * @generated from field: int32 replicas = 3;
-   */
-  replicas: number;
-
-  /**
-   * @generated from field: string reason = 4;
-   */
-  reason: string;
-};
-
-/**
- * Describes the message kestrel.v1.ScaleEndpointRequest.
- * Use `create(ScaleEndpointRequestSchema)` to create a new message.
- */
-export const ScaleEndpointRequestSchema: GenMessage<ScaleEndpointRequest> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_placer, 7);
-
-/**
- * @generated from message kestrel.v1.ScaleEndpointResponse
- */
-export type ScaleEndpointResponse = Message<"kestrel.v1.ScaleEndpointResponse"> & {
-  /**
-   * @generated from field: int32 replicas = 1;
-   */
-  replicas: number;
-};
-
-/**
- * Describes the message kestrel.v1.ScaleEndpointResponse.
- * Use `create(ScaleEndpointResponseSchema)` to create a new message.
- */
-export const ScaleEndpointResponseSchema: GenMessage<ScaleEndpointResponse> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_placer, 8);
-
-/**
- * @generated from message kestrel.v1.DeleteEndpointRequest
- */
-export type DeleteEndpointRequest = Message<"kestrel.v1.DeleteEndpointRequest"> & {
-  /**
-   * @generated from field: string tenant = 1;
-   */
-  tenant: string;
-
-  /**
-   * @generated from field: string endpoint_id = 2;
-   */
-  endpointId: string;
-};
-
-/**
- * Describes the message kestrel.v1.DeleteEndpointRequest.
- * Use `create(DeleteEndpointRequestSchema)` to create a new message.
- */
-export const DeleteEndpointRequestSchema: GenMessage<DeleteEndpointRequest> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_placer, 9);
-
-/**
- * @generated from message kestrel.v1.DeleteEndpointResponse
- */
-export type DeleteEndpointResponse = Message<"kestrel.v1.DeleteEndpointResponse"> & {
-  /**
-   * @generated from field: bool deleted = 1;
-   */
-  deleted: boolean;
-};
-
-/**
- * Describes the message kestrel.v1.DeleteEndpointResponse.
- * Use `create(DeleteEndpointResponseSchema)` to create a new message.
- */
-export const DeleteEndpointResponseSchema: GenMessage<DeleteEndpointResponse> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_placer, 10);
-
-/**
  * @generated from message kestrel.v1.ListNodesRequest
  */
 export type ListNodesRequest = Message<"kestrel.v1.ListNodesRequest"> & {
@@ -277,7 +153,7 @@ export type ListNodesRequest = Message<"kestrel.v1.ListNodesRequest"> & {
  * Use `create(ListNodesRequestSchema)` to create a new message.
  */
 export const ListNodesRequestSchema: GenMessage<ListNodesRequest> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_placer, 11);
+  messageDesc(file_kestrel_v1_placer, 5);
 
 /**
  * @generated from message kestrel.v1.ClusterNode
@@ -342,7 +218,7 @@ export type ClusterNode = Message<"kestrel.v1.ClusterNode"> & {
  * Use `create(ClusterNodeSchema)` to create a new message.
  */
 export const ClusterNodeSchema: GenMessage<ClusterNode> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_placer, 12);
+  messageDesc(file_kestrel_v1_placer, 6);
 
 /**
  * @generated from message kestrel.v1.ListNodesResponse
@@ -359,7 +235,7 @@ export type ListNodesResponse = Message<"kestrel.v1.ListNodesResponse"> & {
  * Use `create(ListNodesResponseSchema)` to create a new message.
  */
 export const ListNodesResponseSchema: GenMessage<ListNodesResponse> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_placer, 13);
+  messageDesc(file_kestrel_v1_placer, 7);
 
 /**
  * @generated from message kestrel.v1.ListClusterQueuesRequest
@@ -378,7 +254,7 @@ export type ListClusterQueuesRequest = Message<"kestrel.v1.ListClusterQueuesRequ
  * Use `create(ListClusterQueuesRequestSchema)` to create a new message.
  */
 export const ListClusterQueuesRequestSchema: GenMessage<ListClusterQueuesRequest> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_placer, 14);
+  messageDesc(file_kestrel_v1_placer, 8);
 
 /**
  * One resource of one flavor in a ClusterQueue, as Kubernetes quantities.
@@ -438,7 +314,7 @@ export type QueueResourceUsage = Message<"kestrel.v1.QueueResourceUsage"> & {
  * Use `create(QueueResourceUsageSchema)` to create a new message.
  */
 export const QueueResourceUsageSchema: GenMessage<QueueResourceUsage> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_placer, 15);
+  messageDesc(file_kestrel_v1_placer, 9);
 
 /**
  * @generated from message kestrel.v1.ClusterQueueView
@@ -492,7 +368,7 @@ export type ClusterQueueView = Message<"kestrel.v1.ClusterQueueView"> & {
  * Use `create(ClusterQueueViewSchema)` to create a new message.
  */
 export const ClusterQueueViewSchema: GenMessage<ClusterQueueView> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_placer, 16);
+  messageDesc(file_kestrel_v1_placer, 10);
 
 /**
  * @generated from message kestrel.v1.ListClusterQueuesResponse
@@ -509,7 +385,7 @@ export type ListClusterQueuesResponse = Message<"kestrel.v1.ListClusterQueuesRes
  * Use `create(ListClusterQueuesResponseSchema)` to create a new message.
  */
 export const ListClusterQueuesResponseSchema: GenMessage<ListClusterQueuesResponse> = /*@__PURE__*/
-  messageDesc(file_kestrel_v1_placer, 17);
+  messageDesc(file_kestrel_v1_placer, 11);
 
 /**
  * The placer is the only writer to Kubernetes.
@@ -538,34 +414,9 @@ export const Placer: GenService<{
     output: typeof CancelWorkloadResponseSchema;
   },
   /**
-   * Create or update an endpoint's Deployment.
-   *
-   * @generated from rpc kestrel.v1.Placer.ApplyEndpoint
-   */
-  applyEndpoint: {
-    methodKind: "unary";
-    input: typeof ApplyEndpointRequestSchema;
-    output: typeof ApplyEndpointResponseSchema;
-  },
-  /**
-   * Set an endpoint's replica count (called by the autoscaler).
-   *
-   * @generated from rpc kestrel.v1.Placer.ScaleEndpoint
-   */
-  scaleEndpoint: {
-    methodKind: "unary";
-    input: typeof ScaleEndpointRequestSchema;
-    output: typeof ScaleEndpointResponseSchema;
-  },
-  /**
-   * @generated from rpc kestrel.v1.Placer.DeleteEndpoint
-   */
-  deleteEndpoint: {
-    methodKind: "unary";
-    input: typeof DeleteEndpointRequestSchema;
-    output: typeof DeleteEndpointResponseSchema;
-  },
-  /**
+   * ApplyEndpoint, ScaleEndpoint and DeleteEndpoint were removed: they only ever
+   * answered UNIMPLEMENTED. An endpoint's replicas are Kestrel jobs, admitted and
+   * placed as every job is (the gateway's endpoints; docs/endpoints.md).
    * Read only, for operators (the console's cluster view): the nodes with their pool
    * and whether they are simulated (KWOK) or a real kubelet.
    *
