@@ -52,8 +52,9 @@ def local_image_record() -> Path:
 
 
 @dataclass(frozen=True)
-class Endpoints:
-    """Where the shared infrastructure is (the devstack writes these).
+class Stores:
+    """Where the stores are: Postgres, NATS, Redis (the devstack writes these; model
+    endpoints are services.gateway.endpoints, another thing).
 
     `postgres_dsn` is the service's own role: KESTREL_<SERVICE>_POSTGRES_DSN (e.g.
     KESTREL_METER_POSTGRES_DSN), else KESTREL_POSTGRES_DSN. `postgres_owner_dsn`
@@ -68,7 +69,7 @@ class Endpoints:
     postgres_owner_dsn: str = ""
 
     @classmethod
-    def from_env(cls, service: str = "") -> Endpoints:
+    def from_env(cls, service: str = "") -> Stores:
         own = os.environ.get(f"KESTREL_{service.upper()}_POSTGRES_DSN", "") if service else ""
         own_nats = os.environ.get(f"KESTREL_{service.upper()}_NATS_URL", "") if service else ""
         return cls(

@@ -13,7 +13,7 @@ from pathlib import Path
 import asyncpg
 
 from kestrel.bus import retry_forever
-from kestrel.config import Endpoints
+from kestrel.config import Stores
 
 log = logging.getLogger("kestrel.db")
 
@@ -98,7 +98,7 @@ async def migrate(conn: asyncpg.Connection, component: str, directory: Path) -> 
     return applied
 
 
-async def migrate_component(endpoints: Endpoints, component: str, directory: Path) -> list[str]:
+async def migrate_component(stores: Stores, component: str, directory: Path) -> list[str]:
     """Migrate `component` over the owner's connection (KESTREL_POSTGRES_OWNER_DSN).
 
     Without one, over the service's own DSN: a schema already current (migrated by
@@ -106,8 +106,8 @@ async def migrate_component(endpoints: Endpoints, component: str, directory: Pat
     SELECT, which the service's own role may run. Anything left to apply then fails
     unless the service connects as the tables' owner or a superuser, which is exactly
     what the separate owner exists to avoid: that is warned about."""
-    owner = bool(endpoints.postgres_owner_dsn)
-    dsn = endpoints.postgres_owner_dsn or endpoints.postgres_dsn
+    owner = bool(stores.postgres_owner_dsn)
+    dsn = stores.postgres_owner_dsn or stores.postgres_dsn
 
     async def connect() -> asyncpg.Connection:
         return await asyncpg.connect(dsn, command_timeout=120)

@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from kestrel.config import Endpoints
+from kestrel.config import Stores
 from kestrel.db import migrate_component
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,8 +31,8 @@ def directory(component: str) -> Path:
 
 
 async def _run(components: list[str]) -> list[tuple[str, list[str]]]:
-    endpoints = Endpoints.from_env()
-    return [(c, await migrate_component(endpoints, c, directory(c))) for c in components]
+    stores = Stores.from_env()
+    return [(c, await migrate_component(stores, c, directory(c))) for c in components]
 
 
 def main(argv: list[str] | None = None) -> int:

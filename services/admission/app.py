@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from kestrel import bus, checkfeed, runway
 from kestrel.clock import now_us
-from kestrel.config import Endpoints, env_float, env_int, env_str, local_kubeconfig
+from kestrel.config import Stores, env_float, env_int, env_str, local_kubeconfig
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.jobs import JobRow
@@ -44,7 +44,7 @@ GATHER_S = 0.25
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    endpoints: Endpoints
+    stores: Stores
     host: str
     grpc_port: int
     metrics_port: int
@@ -55,7 +55,7 @@ class AdmissionConfig:
 
     @classmethod
     def from_env(cls) -> AdmissionConfig:
-        return cls(Endpoints.from_env("admission"), env_str("KESTREL_BIND_HOST", "127.0.0.1"),
+        return cls(Stores.from_env("admission"), env_str("KESTREL_BIND_HOST", "127.0.0.1"),
                    env_int("KESTREL_ADMISSION_PORT", 50052),
                    env_int("KESTREL_ADMISSION_METRICS_PORT", 9152),
                    env_int("KESTREL_MAX_NODE_GPUS", 8),
@@ -90,15 +90,15 @@ async def follow_checks(nc: NATS, controller: RunwayCheckController) -> None:
 
 
 async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
-    pool = await create_pool(config.endpoints.postgres_dsn, max_size=10)
-    nc = await bus.connect(config.endpoints.nats_url, "admission")
+    pool = await create_pool(config.stores.postgres_dsn, max_size=10)
+    nc = await bus.connect(config.stores.nats_url, "admission")
     js = nc.jetstream()
     await bus.retry_forever("ensure streams", lambda: bus.ensure_streams(js))
     store = AdmissionStore(pool)
     while not await store.schema_ready():
         log.info("waiting for the meter's and the gateway's schema")
         await asyncio.sleep(0.5)
-    await migrate_component(config.endpoints, "admission", MIGRATIONS)
+    await migrate_component(config.stores, "admission", MIGRATIONS)
     registry = CollectorRegistry()
     metrics = AdmissionMetrics(registry)
 

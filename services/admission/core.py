@@ -32,15 +32,15 @@ from kestrel.workloads import EventType
 from services.admission.domain import (
     Budget,
     Decision,
-    Hold,
     JobAsk,
     JobState,
     Policy,
-    Verdict,
+    Reservation,
+    Ruling,
     decide,
     releasable,
 )
-from services.admission.runway_check import Money
+from services.admission.runway_check import Funds
 from services.admission.store import AdmissionStore, NewJob, Snapshot, SnapshotAsk, Transition
 
 log = logging.getLogger("kestrel.admission")
@@ -246,11 +246,11 @@ class Admission:
         """The budget a decision needs: started holds count what they have not yet
         consumed, so this snapshot carries each started allocation's cost."""
         snap = await self._snapshot(tenant, b, costs=True)
-        started = tuple(Hold(jid, b.holds[jid], snap.consumed.get(jid, ZERO),
+        started = tuple(Reservation(jid, b.holds[jid], snap.consumed.get(jid, ZERO),
                              rolling=jid in b.rolling) for jid in b.started)
         return snap.policy, Budget(snap.credits, b.charged, b.pending, started)
 
-    async def money(self, tenant: str) -> Money | None:
+    async def money(self, tenant: str) -> Funds | None:
         """The tenant's credits and charges from a fresh ledger snapshot (None: unknown
         tenant). The runway check asks for this often and needs no hold's cost."""
         b = self.book(tenant)
@@ -259,7 +259,7 @@ class Admission:
             charged = b.charged
         if snap.policy is None:
             return None
-        return Money(snap.credits, charged)
+        return Funds(snap.credits, charged)
 
     # --- decisions -----------------------------------------------------------
 
@@ -356,9 +356,9 @@ class Admission:
         for sub in subs:
             queue_ahead = any(p >= sub.ask.priority for p in held_priorities)
             d = decide(sub.ask, policy, budget, self.prices, self.max_node_gpus, queue_ahead)
-            if d.verdict is Verdict.ADMITTED:
+            if d.verdict is Ruling.ADMITTED:
                 budget = budget.plus(d.reserved)
-            elif d.verdict is Verdict.HELD:
+            elif d.verdict is Ruling.HELD:
                 held_priorities.append(sub.ask.priority)
             decided.append((NewJob(sub.ask, sub.name, sub.spec, sub.key, d), budget))
         rows = await self._inserts.call((policy.tenant, [n for n, _ in decided]),
@@ -371,9 +371,9 @@ class Admission:
             if row is None:  # the job id or key exists already: reported below
                 out.append(None)
                 continue
-            if new.decision.verdict is Verdict.ADMITTED:
+            if new.decision.verdict is Ruling.ADMITTED:
                 b.hold(new.ask.job_id, new.decision.reserved, new.ask.rolling)
-            elif new.decision.verdict is Verdict.HELD:
+            elif new.decision.verdict is Ruling.HELD:
                 b.held[new.ask.job_id] = ask_of(row, new.ask.flavor)
             out.append(Outcome(row, new.decision, after))
         again: dict[str, JobRow] | Exception = {}
@@ -407,10 +407,10 @@ class Admission:
         return out
 
     def _replay(self, row: JobRow) -> Outcome:
-        verdict = {JobState.HELD: Verdict.HELD, JobState.REJECTED: Verdict.REJECTED}.get(
-            row.state, Verdict.ADMITTED)
+        verdict = {JobState.HELD: Ruling.HELD, JobState.REJECTED: Ruling.REJECTED}.get(
+            row.state, Ruling.ADMITTED)
         if row.state is JobState.CANCELLED and row.admitted_us == 0:
-            verdict = Verdict.HELD
+            verdict = Ruling.HELD
         d = Decision(verdict, row.reason, row.reserved, row.priced_flavor)
         return Outcome(row, d, Budget(ZERO, ZERO), duplicate=True)
 
@@ -431,7 +431,7 @@ class Admission:
                 b.held.pop(ask.job_id, None)
                 if row is None:
                     continue
-                if d.verdict is Verdict.ADMITTED:
+                if d.verdict is Ruling.ADMITTED:
                     b.hold(ask.job_id, d.reserved, ask.rolling)
                 await self.publish(row, JobState.HELD)
                 released.append(row)

@@ -22,7 +22,7 @@ from kestrel.workloads import CPU_FLAVOR, CPU_POOL_CORES, unit_of
 __all__ = ["TERMINAL", "JobState"]
 
 
-class Verdict(enum.IntEnum):
+class Ruling(enum.IntEnum):
     # Values match kestrel.v1.Decision.
     ADMITTED = 1
     HELD = 2
@@ -38,7 +38,7 @@ class JobAsk:
     max_duration_s: int
     priority: int
     seq: int = 0  # FIFO order among equals
-    # An endpoint replica: open-ended, its hold rolls (see Hold.rolling).
+    # An endpoint replica: open-ended, its hold rolls (see Reservation.rolling).
     rolling: bool = False
 
 
@@ -50,9 +50,9 @@ class Policy:
 
 
 @dataclass(frozen=True)
-class Hold:
+class Reservation:
     """An open reservation and what the ledger says it has consumed so far. A hold
-    whose allocation the meter closed is released, not kept as a closed Hold
+    whose allocation the meter closed is released, not kept as a closed Reservation
     (Admission._snapshot)."""
 
     job_id: str
@@ -77,7 +77,7 @@ class Budget:
     credits: Decimal
     charged: Decimal
     pending: Decimal = ZERO
-    started: tuple[Hold, ...] = ()
+    started: tuple[Reservation, ...] = ()
 
     @property
     def reserved(self) -> Decimal:
@@ -93,7 +93,7 @@ class Budget:
 
 @dataclass(frozen=True)
 class Decision:
-    verdict: Verdict
+    verdict: Ruling
     reason: str
     reserved: Decimal = ZERO
     priced_flavor: str = ""
@@ -139,24 +139,24 @@ def decide(job: JobAsk, policy: Policy, budget: Budget, prices: Mapping[str, Dec
     already; a newcomer never jumps it.
     """
     if policy.suspended:
-        return Decision(Verdict.REJECTED, "the tenant is suspended")
+        return Decision(Ruling.REJECTED, "the tenant is suspended")
     priced = price_job(job, policy, prices, max_node_gpus)
     if isinstance(priced, str):
-        return Decision(Verdict.REJECTED, priced)
+        return Decision(Ruling.REJECTED, priced)
     flavor, cost = priced
     need = (f"needs {fmt(cost)} credits ({job.gpus} {unit_of(flavor)} x "
             f"{job.max_duration_s} s x {fmt(prices[flavor])} on {flavor})")
     if cost > budget.credits:
-        return Decision(Verdict.REJECTED, f"{need}, more than the whole budget of "
+        return Decision(Ruling.REJECTED, f"{need}, more than the whole budget of "
                                           f"{fmt(budget.credits)}", cost, flavor)
     if queue_ahead:
-        return Decision(Verdict.HELD, f"{need}; {QUEUED_BEHIND} of equal or "
+        return Decision(Ruling.HELD, f"{need}; {QUEUED_BEHIND} of equal or "
                                       "higher priority", cost, flavor)
     remaining = budget.remaining
     if cost > remaining:
-        return Decision(Verdict.HELD, f"{need}, {fmt(max(remaining, ZERO))} remain; held "
+        return Decision(Ruling.HELD, f"{need}, {fmt(max(remaining, ZERO))} remain; held "
                                       "until a top-up or a reservation frees", cost, flavor)
-    return Decision(Verdict.ADMITTED, f"{need}; reserved, {fmt(remaining - cost)} remain",
+    return Decision(Ruling.ADMITTED, f"{need}; reserved, {fmt(remaining - cost)} remain",
                     cost, flavor)
 
 
@@ -175,9 +175,9 @@ def releasable(held: Sequence[JobAsk], policy: Policy, budget: Budget,
     out: list[tuple[JobAsk, Decision]] = []
     for job in release_order(held):
         d = decide(job, policy, budget, prices, max_node_gpus, queue_ahead=False)
-        if d.verdict is Verdict.HELD:
+        if d.verdict is Ruling.HELD:
             break
         out.append((job, d))
-        if d.verdict is Verdict.ADMITTED:
+        if d.verdict is Ruling.ADMITTED:
             budget = budget.plus(d.reserved)
     return out

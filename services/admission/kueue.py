@@ -39,8 +39,8 @@ from kestrel.workloads import (
 )
 from services.admission.core import Admission
 from services.admission.runway_check import (
-    Money,
-    Verdict,
+    CheckAnswer,
+    Funds,
     changes,
     decides_alike,
     money_of,
@@ -64,7 +64,7 @@ class Kueue:
     def __init__(self, kubeconfig: str) -> None:
         self.custom: Any = k8s.CustomObjectsApi(new_api_client(kubeconfig, PATCH_CONCURRENCY))
 
-    def set_check(self, w: WorkloadView, check: str, v: Verdict) -> None:
+    def set_check(self, w: WorkloadView, check: str, v: CheckAnswer) -> None:
         """One JSON Patch on our entry, found at the watched index; its `test` op makes
         the apiserver refuse the patch if the list moved meanwhile."""
         at = f"/status/admissionChecks/{w.check_index}"
@@ -141,13 +141,13 @@ class RunwayCheckController:
         # Per tenant: its money as its last runway said (the runway reader starts with
         # every tenant's last, and the meter publishes each change). A tenant with none
         # heard yet reads a ledger snapshot for each pass that decides it (decide()).
-        self.money: dict[str, Money] = {}
+        self.money: dict[str, Funds] = {}
         self.dirty: set[str] = set()  # Workloads to decide
         self.stale: set[str] = set()  # tenants whose Workloads to decide again
         self.changed = asyncio.Event()
         self.deactivated: set[str] = set()
 
-    def wake(self, tenant: str, money: Money | None = None) -> None:
+    def wake(self, tenant: str, money: Funds | None = None) -> None:
         """A held job of the tenant changed, or (with `money`) its runway: decide its
         Workloads again, unless the new money decides them alike (decides_alike)."""
         if money is not None:
@@ -234,7 +234,7 @@ class RunwayCheckController:
             views += [v for k, v in self.views.items() if v.tenant in tenants and k not in keys]
         live = [v for v in views if v.tenant and not v.finished and v.active]
         try:
-            money: Mapping[str, Money] = self.money
+            money: Mapping[str, Funds] = self.money
             snapshots = {t: m for t in sorted({v.tenant for v in live if v.tenant not in money})
                          if (m := await self.admission.money(t)) is not None}
             if snapshots:
@@ -246,7 +246,7 @@ class RunwayCheckController:
             raise
 
     async def reconcile(self, kueue: Kueue, views: list[WorkloadView],
-                        money: Mapping[str, Money] | None = None) -> None:
+                        money: Mapping[str, Funds] | None = None) -> None:
         if not views:
             return
         jobs = await self.admission.store.get_many(sorted({v.job_id for v in views}))
@@ -256,7 +256,7 @@ class RunwayCheckController:
         # verdict at once, and one after another they took seconds on a loaded apiserver.
         slots = asyncio.Semaphore(PATCH_CONCURRENCY)
 
-        async def patch(w: WorkloadView, verdict: Verdict) -> None:
+        async def patch(w: WorkloadView, verdict: CheckAnswer) -> None:
             async with slots:
                 log.info("check %s/%s -> %s: %s", w.namespace, w.name, verdict.state.value,
                          verdict.message)

@@ -43,7 +43,7 @@ class CheckState(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class Money:
+class Funds:
     """A tenant's figures as admission sees them (from one ledger snapshot)."""
 
     credits: Decimal
@@ -54,12 +54,12 @@ class Money:
         return budget.spent(self.credits, self.charged)
 
 
-def money_of(runway: common_pb2.Runway) -> Money:
+def money_of(runway: common_pb2.Runway) -> Funds:
     """A tenant's money as the meter published it."""
-    return Money(Decimal(runway.credits or "0"), Decimal(runway.charged or "0"))
+    return Funds(Decimal(runway.credits or "0"), Decimal(runway.charged or "0"))
 
 
-def decides_alike(old: Money, new: Money) -> bool:
+def decides_alike(old: Funds, new: Funds) -> bool:
     """Whether every verdict, settlement and deactivation made with `old` stays the same
     with `new`: they read money only through `spent`, and a spent tenant's message its
     credits. Most runways change neither (they move charged and reserved), so a tenant's
@@ -68,7 +68,7 @@ def decides_alike(old: Money, new: Money) -> bool:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CheckAnswer:
     state: CheckState
     message: str
 
@@ -76,26 +76,26 @@ class Verdict:
 LIVE = frozenset({JobState.ADMITTED, JobState.QUEUED, JobState.RUNNING})
 
 
-def verdict(job: JobRow, money: Money | None) -> Verdict:
+def verdict(job: JobRow, money: Funds | None) -> CheckAnswer:
     if job.state.terminal:
-        return Verdict(CheckState.REJECTED, f"the Kestrel job is {job.state.name.lower()}")
+        return CheckAnswer(CheckState.REJECTED, f"the Kestrel job is {job.state.name.lower()}")
     # Messages carry only figures that change with a decision (credits move on a
     # top-up, not on every tick): a Workload write is dear (Kueue's CEL rules, every
     # watcher), so a message that drifted with spending would be patched again and
     # again for nothing.
     if money is not None and money.spent:
-        return Verdict(CheckState.PENDING,
+        return CheckAnswer(CheckState.PENDING,
                        f"tenant {job.tenant}'s budget is spent (credits {fmt(money.credits)}, "
                        "all charged); waits for a top-up")
     if job.state is JobState.HELD:
-        return Verdict(CheckState.PENDING, f"held by Kestrel for budget: {job.reason}")
+        return CheckAnswer(CheckState.PENDING, f"held by Kestrel for budget: {job.reason}")
     if job.state in LIVE:
-        return Verdict(CheckState.READY,
+        return CheckAnswer(CheckState.READY,
                        f"reservation of {fmt(job.reserved)} credits held for this job")
-    return Verdict(CheckState.PENDING, f"job is {job.state.name.lower()}")
+    return CheckAnswer(CheckState.PENDING, f"job is {job.state.name.lower()}")
 
 
-def settled(w: WorkloadView, money: Money | None) -> bool:
+def settled(w: WorkloadView, money: Funds | None) -> bool:
     """Nothing about it can change now: it finished, was deactivated, or is Ready while
     its tenant's money is not spent (only a spent budget turns Ready back)."""
     if w.finished or not w.active:
@@ -104,12 +104,12 @@ def settled(w: WorkloadView, money: Money | None) -> bool:
 
 
 def unsettled(workloads: Iterable[WorkloadView],
-              money: Mapping[str, Money]) -> list[WorkloadView]:
+              money: Mapping[str, Funds]) -> list[WorkloadView]:
     return [w for w in workloads if not settled(w, money.get(w.tenant))]
 
 
 def changes(workloads: Iterable[WorkloadView], jobs: Mapping[str, JobRow],
-            money: Mapping[str, Money]) -> list[tuple[WorkloadView, Verdict]]:
+            money: Mapping[str, Funds]) -> list[tuple[WorkloadView, CheckAnswer]]:
     """Workloads whose check entry must change, with the new verdict."""
     out = []
     for w in workloads:
@@ -125,7 +125,7 @@ def changes(workloads: Iterable[WorkloadView], jobs: Mapping[str, JobRow],
 
 
 def to_deactivate(workloads: Iterable[WorkloadView], jobs: Mapping[str, JobRow],
-                  money: Mapping[str, Money]) -> list[WorkloadView]:
+                  money: Mapping[str, Funds]) -> list[WorkloadView]:
     """Admitted, active Workloads of tenants whose money is spent."""
     out = []
     for w in workloads:

@@ -17,7 +17,7 @@ import asyncpg
 
 from kestrel.db import migrate
 from kestrel.jobs import JOB_COLS, JobRow, JobState, job_row
-from services.admission.domain import QUEUED_BEHIND, Decision, JobAsk, Policy, Verdict
+from services.admission.domain import QUEUED_BEHIND, Decision, JobAsk, Policy, Ruling
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -160,18 +160,18 @@ class AdmissionStore:
 
         One statement (so one round trip and one implicit transaction) for all of
         them, or nothing at all."""
-        state = {Verdict.ADMITTED: JobState.ADMITTED, Verdict.HELD: JobState.HELD,
-                 Verdict.REJECTED: JobState.REJECTED}
+        state = {Ruling.ADMITTED: JobState.ADMITTED, Ruling.HELD: JobState.HELD,
+                 Ruling.REJECTED: JobState.REJECTED}
         cols: list[list[object]] = [[] for _ in range(15)]
         for tenant, jobs in groups:
             for j in jobs:
-                admitted = j.decision.verdict is Verdict.ADMITTED
+                admitted = j.decision.verdict is Ruling.ADMITTED
                 for col, value in zip(cols, (
                         j.ask.job_id, j.name, j.spec, j.ask.gpus, j.ask.priority,
                         j.ask.max_duration_s, int(state[j.decision.verdict]),
                         j.decision.reason, j.decision.reserved if admitted else 0,
                         j.decision.priced_flavor, j.key, now_us if admitted else 0,
-                        now_us if j.decision.verdict is Verdict.REJECTED else 0,
+                        now_us if j.decision.verdict is Ruling.REJECTED else 0,
                         j.ask.rolling, tenant), strict=True):
                     col.append(value)
         rows = await self.pool.fetch(f"""
@@ -209,7 +209,7 @@ class AdmissionStore:
     async def admit_held(self, ask: JobAsk, d: Decision, now_us: int) -> JobRow | None:
         """HELD -> ADMITTED (or REJECTED) with its reservation; None if no longer HELD.
         One statement, like insert()."""
-        state = JobState.ADMITTED if d.verdict is Verdict.ADMITTED else JobState.REJECTED
+        state = JobState.ADMITTED if d.verdict is Ruling.ADMITTED else JobState.REJECTED
         admitted = state is JobState.ADMITTED
         r = await self.pool.fetchrow(f"""
             WITH u AS (

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kestrel import bus, runway
-from kestrel.config import Endpoints, env_float, env_int, env_str
+from kestrel.config import Stores, env_float, env_int, env_str
 from kestrel.grpcserver import Server
 from kestrel.kubeclient import new_api_client
 from kestrel.lease import Elector
@@ -41,7 +41,7 @@ log = logging.getLogger("kestrel.autoscaler")
 
 @dataclass(frozen=True)
 class AutoscalerConfig:
-    endpoints: Endpoints
+    stores: Stores
     host: str
     grpc_port: int
     metrics_port: int
@@ -67,7 +67,7 @@ class AutoscalerConfig:
                              f"{token_file}) is required: the autoscaler scales endpoints "
                              "through the gateway's operator RPCs")
         return cls(
-            endpoints=Endpoints.from_env("autoscaler"),
+            stores=Stores.from_env("autoscaler"),
             host=env_str("KESTREL_BIND_HOST", "127.0.0.1"),
             grpc_port=env_int("KESTREL_AUTOSCALER_PORT", 50055),
             metrics_port=env_int("KESTREL_AUTOSCALER_METRICS_PORT", 9155),
@@ -91,10 +91,10 @@ class AutoscalerConfig:
 
 
 async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
-    nc = await bus.connect(config.endpoints.nats_url, "autoscaler")
+    nc = await bus.connect(config.stores.nats_url, "autoscaler")
     js = nc.jetstream()
     await bus.retry_forever("ensure streams", lambda: bus.ensure_streams(js))
-    redis = aioredis.Redis.from_url(config.endpoints.redis_url, socket_connect_timeout=5.0)
+    redis = aioredis.Redis.from_url(config.stores.redis_url, socket_connect_timeout=5.0)
     gw_channel = aio_channel(config.gateway_addr)
     meter_channel = aio_channel(config.meter_addr)
     registry = CollectorRegistry()

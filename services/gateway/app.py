@@ -12,7 +12,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from kestrel import bus
-from kestrel.config import Endpoints, env_float, env_int, env_str
+from kestrel.config import Stores, env_float, env_int, env_str
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.metrics import GrpcMetrics
@@ -38,7 +38,7 @@ log = logging.getLogger("kestrel.gateway")
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    endpoints: Endpoints
+    stores: Stores
     host: str
     grpc_port: int
     metrics_port: int
@@ -55,7 +55,7 @@ class GatewayConfig:
 
     @classmethod
     def from_env(cls) -> GatewayConfig:
-        return cls(Endpoints.from_env("gateway"), env_str("KESTREL_BIND_HOST", "127.0.0.1"),
+        return cls(Stores.from_env("gateway"), env_str("KESTREL_BIND_HOST", "127.0.0.1"),
                    env_int("KESTREL_GATEWAY_PORT", 50051),
                    env_int("KESTREL_GATEWAY_METRICS_PORT", 9151),
                    env_int("KESTREL_GATEWAY_HTTP_PORT", 8080),
@@ -85,16 +85,16 @@ def operator_token_hash(config: GatewayConfig) -> str:
 
 
 async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
-    pool = await create_pool(config.endpoints.postgres_dsn, max_size=10)
-    nc = await bus.connect(config.endpoints.nats_url, "gateway")
-    redis = ratelimit.connect(config.endpoints.redis_url, config.redis_max_connections,
+    pool = await create_pool(config.stores.postgres_dsn, max_size=10)
+    nc = await bus.connect(config.stores.nats_url, "gateway")
+    redis = ratelimit.connect(config.stores.redis_url, config.redis_max_connections,
                               config.redis_wait_s)
     store = GatewayStore(pool)
-    await migrate_component(config.endpoints, "gateway", MIGRATIONS)
+    await migrate_component(config.stores, "gateway", MIGRATIONS)
     admission_ch = aio_channel(config.admission_addr)
     meter_ch = aio_channel(config.meter_addr)
     placer_ch = aio_channel(config.placer_addr) if config.placer_addr else None
-    hub = ReplyHub(config.endpoints.redis_url)  # Infer's replies: one reader per gateway
+    hub = ReplyHub(config.stores.redis_url)  # Infer's replies: one reader per gateway
     hub.start()
     servicer = GatewayServicer(
         store, RateLimiter(redis), admission_pb2_grpc.AdmissionStub(admission_ch),

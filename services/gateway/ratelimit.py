@@ -72,7 +72,7 @@ return {taken, wait_us}
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Allowance:
     allowed: bool
     retry_after_s: float
 
@@ -132,18 +132,18 @@ class RateLimiter:
         self.leases: dict[str, Lease] = {}
         self._asking: dict[str, asyncio.Future[None]] = {}  # a lease request out
 
-    async def take(self, tenant: str, rate_per_s: float, burst: int, cost: int = 1) -> Verdict:
+    async def take(self, tenant: str, rate_per_s: float, burst: int, cost: int = 1) -> Allowance:
         lease = self.leases.get(tenant)
         if lease is None:
             lease = self.leases[tenant] = Lease()
         now = self.clock()
         lease.called(now)
         if lease.spend(cost, now):
-            return Verdict(True, 0.0)
+            return Allowance(True, 0.0)
         while (out := self._asking.get(tenant)) is not None:
             await asyncio.shield(out)  # another call's request may bring tokens for this one
             if lease.spend(cost, self.clock()):
-                return Verdict(True, 0.0)
+                return Allowance(True, 0.0)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._asking[tenant] = done
         try:
@@ -153,9 +153,9 @@ class RateLimiter:
             del self._asking[tenant]
             done.set_result(None)
         if taken < cost:
-            return Verdict(False, wait_us / 1e6)
+            return Allowance(False, wait_us / 1e6)
         lease.leased(taken, cost, self.clock())
-        return Verdict(True, 0.0)
+        return Allowance(True, 0.0)
 
     async def _ask(self, tenant: str, rate_per_s: float, burst: int, cost: int,
                    want: int) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
 from kestrel import bus
-from kestrel.config import Endpoints, env_float, env_int, env_str
+from kestrel.config import Stores, env_float, env_int, env_str
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
@@ -48,7 +48,7 @@ GATHER_S = 0.5
 
 @dataclass(frozen=True)
 class MeterConfig:
-    endpoints: Endpoints
+    stores: Stores
     host: str
     grpc_port: int
     metrics_port: int
@@ -68,7 +68,7 @@ class MeterConfig:
                 flavor, _, value = item.partition("=")
                 prices[flavor.strip()] = parse_amount(value, positive=False)
         return cls(
-            endpoints=Endpoints.from_env("meter"),
+            stores=Stores.from_env("meter"),
             host=env_str("KESTREL_BIND_HOST", "127.0.0.1"),
             grpc_port=env_int("KESTREL_METER_PORT", 50053),
             metrics_port=env_int("KESTREL_METER_METRICS_PORT", 9153),
@@ -139,11 +139,11 @@ async def _follow_holds(nc: NATS, meter: Meter, stop: asyncio.Event) -> None:
 
 
 async def run(config: MeterConfig, stop: asyncio.Event) -> None:
-    pool = await create_pool(config.endpoints.postgres_dsn, max_size=6)
-    nc = await bus.connect(config.endpoints.nats_url, "meter")
+    pool = await create_pool(config.stores.postgres_dsn, max_size=6)
+    nc = await bus.connect(config.stores.nats_url, "meter")
     js = nc.jetstream()
     await bus.retry_forever("ensure streams", lambda: bus.ensure_streams(js))
-    await migrate_component(config.endpoints, "meter", MIGRATIONS)
+    await migrate_component(config.stores, "meter", MIGRATIONS)
     store = MeterStore(pool)
     registry = CollectorRegistry()
 

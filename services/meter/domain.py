@@ -280,7 +280,7 @@ _BAND_REASON = {Band.BELOW_50: Reason.THRESHOLD_50, Band.BELOW_10: Reason.THRESH
 
 
 @dataclass(frozen=True)
-class Hold:
+class OpenHold:
     """One open budget hold of admission's (its `open_holds`) whose allocation has not
     closed, as the meter reads it. A hold whose allocation closed holds nothing: its
     final cost is in `charged`, committed in the same transaction as the close."""
@@ -306,12 +306,12 @@ class HoldBook:
     O(the tenant's open allocations), not O(its holds)."""
 
     def __init__(self) -> None:
-        self._by_workload: dict[str, tuple[Hold, ...]] = {}
+        self._by_workload: dict[str, tuple[OpenHold, ...]] = {}
         self._workloads_of: dict[str, set[str]] = {}  # tenant -> workload ids
         self._total: dict[str, Decimal] = {}  # tenant -> sum of its holds' amounts
         self._count: dict[str, int] = {}  # tenant -> how many holds it has
 
-    def _add(self, holds: Sequence[Hold]) -> None:
+    def _add(self, holds: Sequence[OpenHold]) -> None:
         wid = holds[0].workload_id
         self._by_workload[wid] = self._by_workload.get(wid, ()) + tuple(holds)
         for h in holds:
@@ -319,7 +319,7 @@ class HoldBook:
             self._total[h.tenant] = self._total.get(h.tenant, ZERO) + h.amount
             self._count[h.tenant] = self._count.get(h.tenant, 0) + 1
 
-    def _drop(self, wid: str, keep: Callable[[Hold], bool] = lambda h: False) -> set[str]:
+    def _drop(self, wid: str, keep: Callable[[OpenHold], bool] = lambda h: False) -> set[str]:
         """Drop the holds of `wid` (those `keep` does not keep); the tenants touched."""
         holds = self._by_workload.pop(wid, ())
         kept = tuple(h for h in holds if keep(h))
@@ -338,13 +338,13 @@ class HoldBook:
         return touched
 
     @staticmethod
-    def _grouped(holds: Iterable[Hold]) -> dict[str, list[Hold]]:
-        out: dict[str, list[Hold]] = {}
+    def _grouped(holds: Iterable[OpenHold]) -> dict[str, list[OpenHold]]:
+        out: dict[str, list[OpenHold]] = {}
         for h in holds:
             out.setdefault(h.workload_id, []).append(h)
         return out
 
-    def replace_tenants(self, tenants: Iterable[str], holds: Iterable[Hold]) -> None:
+    def replace_tenants(self, tenants: Iterable[str], holds: Iterable[OpenHold]) -> None:
         """`holds` is all the open holds of `tenants` now."""
         tenants = set(tenants)
         for t in tenants:
@@ -355,7 +355,7 @@ class HoldBook:
         for group in self._grouped(h for h in holds if h.tenant in tenants).values():
             self._add(group)
 
-    def replace_workloads(self, workload_ids: Iterable[str], holds: Iterable[Hold]
+    def replace_workloads(self, workload_ids: Iterable[str], holds: Iterable[OpenHold]
                           ) -> set[str]:
         """`holds` is all the open holds of `workload_ids` now; the tenants touched."""
         wanted = set(workload_ids)

@@ -18,7 +18,7 @@ from services.meter.domain import (
     Allocation,
     AllocStatus,
     Event,
-    Hold,
+    OpenHold,
     Outcome,
     Row,
     RowKind,
@@ -111,7 +111,7 @@ class MeterStore:
                       {t: n for t, (_, n) in credits.items()}, usage, int(seq), tenants)
 
     async def holds(self, tenants: Sequence[str] | None = None, *,
-                    workloads: Sequence[str] | None = None) -> list[Hold]:
+                    workloads: Sequence[str] | None = None) -> list[OpenHold]:
         """The open holds (admission's `open_holds` view, admission migration 0004) of
         `tenants`, or of `workloads`, or all of them, less those whose allocation has
         closed (they hold nothing: their cost is charged). The meter keeps them in
@@ -129,7 +129,7 @@ class MeterStore:
         rows = await self.pool.fetch(f"""
             SELECT r.tenant, r.workload_id, r.amount, r.rolling
             {_HOLDING} AND {where}""", arg)
-        return [Hold(r["tenant"], r["workload_id"], r["amount"], r["rolling"]) for r in rows]
+        return [OpenHold(r["tenant"], r["workload_id"], r["amount"], r["rolling"]) for r in rows]
 
     async def hold_sums(self) -> dict[str, tuple[int, Decimal]]:
         """Per tenant, how many open holds (as `holds` reads them) and the sum of their

@@ -12,7 +12,7 @@ from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter
 
 from kestrel import bus, checkfeed, runway
-from kestrel.config import Endpoints, env_int, env_str, local_image_record, local_kubeconfig
+from kestrel.config import Stores, env_int, env_str, local_image_record, local_kubeconfig
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
@@ -40,7 +40,7 @@ CHECK_BEAT_S = 5.0
 
 @dataclass(frozen=True)
 class PlacerConfig:
-    endpoints: Endpoints
+    stores: Stores
     host: str
     grpc_port: int
     metrics_port: int
@@ -57,7 +57,7 @@ class PlacerConfig:
                                                    ",".join(GPU_FLAVORS)).split(",")
                         if f.strip())
         return cls(
-            endpoints=Endpoints.from_env("placer"),
+            stores=Stores.from_env("placer"),
             host=env_str("KESTREL_BIND_HOST", "127.0.0.1"),
             grpc_port=env_int("KESTREL_PLACER_PORT", 50054),
             metrics_port=env_int("KESTREL_PLACER_METRICS_PORT", 9154),
@@ -70,7 +70,7 @@ class PlacerConfig:
                 worker_image_record=env_str("KESTREL_WORKER_IMAGE_RECORD",
                                             str(local_image_record())),
                 worker_redis_url=env_str("KESTREL_WORKER_REDIS_URL",
-                                         Endpoints.from_env("placer").redis_url),
+                                         Stores.from_env("placer").redis_url),
                 gpu_standins=env_str("KESTREL_PLACER_GPU_STANDINS", "1") == "1"),
             refresh_s=float(env_int("KESTREL_PLACER_REFRESH_S", 10)),
             kube_threads=env_int("KESTREL_PLACER_KUBE_THREADS", 32),
@@ -87,8 +87,8 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     def mark(what: str) -> None:
         marks.append(f"{what} {loop.time() - began:.1f}")
 
-    pool = await create_pool(config.endpoints.postgres_dsn, max_size=4)
-    nc = await bus.connect(config.endpoints.nats_url, "placer")
+    pool = await create_pool(config.stores.postgres_dsn, max_size=4)
+    nc = await bus.connect(config.stores.nats_url, "placer")
     js = nc.jetstream()
     await bus.retry_forever("ensure streams", lambda: bus.ensure_streams(js))
     # Kubernetes calls block a thread each while the apiserver answers: more threads

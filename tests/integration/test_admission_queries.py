@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from kestrel.db import migrate
 from kestrel.jobs import JOB_COLS
 from kestrel.pgroles import OWNER_ROLE
-from services.admission.domain import QUEUED_BEHIND, Decision, JobAsk, JobState, Verdict
+from services.admission.domain import QUEUED_BEHIND, Decision, JobAsk, JobState, Ruling
 from services.admission.metrics import AdmissionMetrics, HeldCount
 from services.admission.store import (
     HELD_FOR_METRICS,
@@ -73,10 +73,10 @@ async def test_the_state_passed_as_a_parameter_would_scan_every_job(
     assert "jobs_held" not in plan
 
 
-def _new_job(tenant: str, job_id: str, verdict: Verdict, key: str = "",
+def _new_job(tenant: str, job_id: str, verdict: Ruling, key: str = "",
              reason: str = "why") -> NewJob:
     ask = JobAsk(job_id, tenant, 1, "gpu-h100", 60, 0, 0)
-    reserved = Decimal("0.06") if verdict is Verdict.ADMITTED else Decimal(0)
+    reserved = Decimal("0.06") if verdict is Ruling.ADMITTED else Decimal(0)
     return NewJob(ask, "j", b"", key, Decision(verdict, reason, reserved, "gpu-h100"))
 
 
@@ -108,14 +108,14 @@ async def test_several_tenants_jobs_in_one_insert_land_each_under_its_tenant(
     pool = await asyncpg.create_pool(role_dsn("kestrel_admission"), min_size=1, max_size=2)
     try:
         store = AdmissionStore(pool)
-        (first,) = await store.insert_many([("acme", [_new_job("acme", "j-1", Verdict.HELD)])],
+        (first,) = await store.insert_many([("acme", [_new_job("acme", "j-1", Ruling.HELD)])],
                                            10)
         out = await store.insert_many([
-            ("acme", [_new_job("acme", "j-2", Verdict.ADMITTED),
-                      _new_job("acme", "j-3", Verdict.REJECTED)]),
+            ("acme", [_new_job("acme", "j-2", Ruling.ADMITTED),
+                      _new_job("acme", "j-3", Ruling.REJECTED)]),
             # j-1 is acme's already: absent from beta's answer, beta's other job stored.
-            ("beta", [_new_job("beta", "j-1", Verdict.ADMITTED),
-                      _new_job("beta", "j-4", Verdict.ADMITTED)])], 20)
+            ("beta", [_new_job("beta", "j-1", Ruling.ADMITTED),
+                      _new_job("beta", "j-4", Ruling.ADMITTED)])], 20)
     finally:
         await pool.close()
     assert list(first) == ["j-1"]
@@ -137,12 +137,12 @@ async def test_held_jobs_are_counted_per_tenant_and_kind_of_reason_in_postgres(
     pool = await asyncpg.create_pool(role_dsn("kestrel_admission"), min_size=1, max_size=2)
     try:
         store = AdmissionStore(pool)
-        await store.insert_many([("acme", [_new_job("acme", "a-1", Verdict.HELD, reason=budget),
-                                           _new_job("acme", "a-2", Verdict.ADMITTED)])],
+        await store.insert_many([("acme", [_new_job("acme", "a-1", Ruling.HELD, reason=budget),
+                                           _new_job("acme", "a-2", Ruling.ADMITTED)])],
                                 1_000_000)
-        await store.insert_many([("acme", [_new_job("acme", "a-3", Verdict.HELD, reason=behind),
-                                           _new_job("acme", "a-4", Verdict.HELD, reason=behind)]),
-                                 ("beta", [_new_job("beta", "b-1", Verdict.HELD, reason=behind)])],
+        await store.insert_many([("acme", [_new_job("acme", "a-3", Ruling.HELD, reason=behind),
+                                           _new_job("acme", "a-4", Ruling.HELD, reason=behind)]),
+                                 ("beta", [_new_job("beta", "b-1", Ruling.HELD, reason=behind)])],
                                 3_000_000)
         metrics = AdmissionMetrics(CollectorRegistry())
         await metrics.read_held(pool, ["idle"])

@@ -20,7 +20,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from kestrel.config import Endpoints
+from kestrel.config import Stores
 from kestrel.db import migrate, migrate_component
 from kestrel.devstack import Stack
 from kestrel.migrate import directory as migrations_of
@@ -352,7 +352,7 @@ async def test_kestrel_migrate_applies_every_schema_as_the_owner_then_services_n
     assert again.stdout.strip() == "migrate: meter: up to date"
     for component, migrations in COMPONENTS:
         assert migrations_of(component) == migrations
-        own = Endpoints(nats_url="", redis_url="",
+        own = Stores(nats_url="", redis_url="",
                         postgres_dsn=role_dsn(SERVICE_ROLES[component]))
         with caplog.at_level("WARNING", logger="kestrel"):
             assert await migrate_component(own, component, migrations) == []

@@ -19,7 +19,7 @@ from kestrel.jobs import JobRow
 from kestrel.v1 import common_pb2
 from kestrel.workloads import EventType
 from services.admission.core import Admission, Outcome, Submission, WorkloadChange, waves
-from services.admission.domain import Decision, JobAsk, JobState, Policy, Verdict
+from services.admission.domain import Decision, JobAsk, JobState, Policy, Ruling
 from services.admission.store import NewJob, Snapshot, SnapshotAsk, Transition
 
 PRICE = Decimal("0.001")  # per GPU-second: a 1-GPU, 100 s job reserves 0.1
@@ -99,8 +99,8 @@ class Store:
                 r.tenant == ask.tenant and r.idempotency_key == key
                 for r in self.jobs.values())):
             return None
-        state = {Verdict.ADMITTED: JobState.ADMITTED, Verdict.HELD: JobState.HELD,
-                 Verdict.REJECTED: JobState.REJECTED}[d.verdict]
+        state = {Ruling.ADMITTED: JobState.ADMITTED, Ruling.HELD: JobState.HELD,
+                 Ruling.REJECTED: JobState.REJECTED}[d.verdict]
         row = JobRow(ask.job_id, ask.tenant, spec, state, d.reason,
                      d.reserved if state is JobState.ADMITTED else Decimal(0),
                      d.priced_flavor, "", "", key, now_us, 0, 0, 0, len(self.jobs) + 1,
@@ -114,7 +114,7 @@ class Store:
         row = self.jobs.get(ask.job_id)
         if row is None or row.state is not JobState.HELD:
             return None
-        admitted = d.verdict is Verdict.ADMITTED
+        admitted = d.verdict is Ruling.ADMITTED
         row = self.jobs[ask.job_id] = replace(
             row, state=JobState.ADMITTED if admitted else JobState.REJECTED, reason=d.reason,
             reserved=d.reserved if admitted else Decimal(0))
@@ -325,7 +325,7 @@ async def test_a_hold_the_meter_closed_is_spent_and_its_final_cost_counts_instea
     store.ledger.append(("acme", "j1", Decimal("0.03")))
     store.closed.add("j1")
     out = await a.admit(ask("j2"), "n", SPEC, "")
-    assert out.decision.verdict is Verdict.ADMITTED  # 0.15 - 0.03 leaves room for 0.1
+    assert out.decision.verdict is Ruling.ADMITTED  # 0.15 - 0.03 leaves room for 0.1
     assert store.released == ["j1"] and set(store.holds) == {"j2"}
 
 
@@ -337,7 +337,7 @@ async def test_a_started_hold_counts_only_what_it_has_not_consumed() -> None:
     store.ledger.append(("acme", "j1", Decimal("0.04")))  # still running
     out = await a.admit(ask("j2"), "n", SPEC, "")
     # charged 0.04 + the hold's unconsumed 0.06 + 0.1 for j2 = 0.2: it just fits.
-    assert out.decision.verdict is Verdict.ADMITTED
+    assert out.decision.verdict is Ruling.ADMITTED
 
 
 async def test_cancelling_a_job_that_never_ran_frees_its_hold_for_the_held_one() -> None:
@@ -459,7 +459,7 @@ async def test_a_restarted_admission_rebuilds_its_books_from_the_store() -> None
     assert b.books["acme"].holds == {"j1": Decimal("0.1")}
     assert list(b.books["acme"].held) == ["j2"]
     out = await b.admit(ask("j3"), "n", SPEC, "")
-    assert out.decision.verdict is Verdict.HELD  # behind j2, and no room either
+    assert out.decision.verdict is Ruling.HELD  # behind j2, and no room either
 
 
 async def test_the_tenants_of_one_batch_share_one_snapshot_and_one_insert_statement() -> None:

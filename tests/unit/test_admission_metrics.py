@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from decimal import Decimal
 
-from services.admission.domain import QUEUED_BEHIND, Budget, JobAsk, Policy, Verdict, decide
+from services.admission.domain import QUEUED_BEHIND, Budget, JobAsk, Policy, Ruling, decide
 from services.admission.metrics import HELD_REASONS, HeldCollector, HeldCount
 
 PRICES = {"gpu-h100": Decimal("0.01")}
@@ -17,7 +17,7 @@ ASK = JobAsk("job-1", "acme", gpus=1, flavor="gpu-h100", max_duration_s=100, pri
 def test_each_held_decision_maps_to_its_kind() -> None:
     short = decide(ASK, POLICY, Budget(Decimal(1), Decimal("0.5")), PRICES, 8, False)
     behind = decide(ASK, POLICY, Budget(Decimal(10), Decimal(0)), PRICES, 8, True)
-    assert (short.verdict, behind.verdict) == (Verdict.HELD, Verdict.HELD)
+    assert (short.verdict, behind.verdict) == (Ruling.HELD, Ruling.HELD)
     # Postgres tells the kinds apart by these words (store.HELD_FOR_METRICS).
     assert (QUEUED_BEHIND in short.reason, QUEUED_BEHIND in behind.reason) == (False, True)
     assert set(HELD_REASONS) == {"budget", "queue"}

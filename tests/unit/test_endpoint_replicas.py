@@ -11,7 +11,7 @@ import pytest
 from kestrel import budget
 from kestrel.v1 import common_pb2
 from kestrel.workloads import CPU_FLAVOR, KWOK_DURATION_ANNOTATION
-from services.admission.domain import Budget, Hold, JobAsk, Policy, Verdict, decide
+from services.admission.domain import Budget, JobAsk, Policy, Reservation, Ruling, decide
 from services.gateway.replicas import DEFAULT_HORIZON_S, replica_spec, units_of
 from services.placer import lifecycle, manifests
 
@@ -28,29 +28,29 @@ D = Decimal
 ])
 def test_what_a_hold_still_holds(hold: budget.Hold, held: Decimal) -> None:
     assert hold.held == held
-    # admission's own Hold (open by definition: a closed one is released) answers
+    # admission's own Reservation (open by definition: a closed one is released) answers
     # with the same formula
     if not hold.closed:
-        assert Hold("j", hold.amount, hold.consumed, hold.rolling).held == held
+        assert Reservation("j", hold.amount, hold.consumed, hold.rolling).held == held
 
 
 def test_a_running_replica_keeps_reserving_its_horizon_in_admissions_budget() -> None:
-    b = Budget(D(10), D(3), started=(Hold("r", D(6), D(3), rolling=True),))
+    b = Budget(D(10), D(3), started=(Reservation("r", D(6), D(3), rolling=True),))
     assert b.reserved == D(6) and b.remaining == D(1)
 
 
 @pytest.mark.parametrize(("cores", "charged", "verdict"), [
-    pytest.param(1, "4", Verdict.ADMITTED, id="one core for 600 s at 0.01 fits 6 remaining"),
-    pytest.param(1, "4.01", Verdict.HELD, id="one cent short of the horizon is held"),
-    pytest.param(3, "0", Verdict.REJECTED, id="more cores than the CPU pool's quota never run"),
+    pytest.param(1, "4", Ruling.ADMITTED, id="one core for 600 s at 0.01 fits 6 remaining"),
+    pytest.param(1, "4.01", Ruling.HELD, id="one cent short of the horizon is held"),
+    pytest.param(3, "0", Ruling.REJECTED, id="more cores than the CPU pool's quota never run"),
 ])
 def test_the_cpu_pool_is_priced_per_core_second(cores: int, charged: str,
-                                                verdict: Verdict) -> None:
+                                                verdict: Ruling) -> None:
     ask = JobAsk("job-1", "t", cores, CPU_FLAVOR, DEFAULT_HORIZON_S, 0, rolling=True)
     d = decide(ask, Policy("t", {}, False), Budget(D(10), D(charged)),
                {CPU_FLAVOR: D("0.01")}, 8, False)
     assert d.verdict is verdict, d.reason
-    if verdict is Verdict.ADMITTED:
+    if verdict is Ruling.ADMITTED:
         assert d.reserved == D(6) and "1 core x 600 s" in d.reason
 
 

@@ -11,7 +11,7 @@ import pytest
 from kestrel.errors import PermissionDenied, ResourceExhausted, Unauthenticated
 from services.gateway import auth
 from services.gateway.callers import Callers
-from services.gateway.ratelimit import Verdict
+from services.gateway.ratelimit import Allowance
 from services.gateway.store import KeyRow, Profile
 
 KEY = auth.new_key()
@@ -45,9 +45,9 @@ class Limiter:
         self.allowed = allowed
         self.taken: list[str] = []
 
-    async def take(self, tenant: str, rate_per_s: float, burst: int, cost: int = 1) -> Verdict:
+    async def take(self, tenant: str, rate_per_s: float, burst: int, cost: int = 1) -> Allowance:
         self.taken.append(tenant)
-        return Verdict(self.allowed, 0.0 if self.allowed else 0.2)
+        return Allowance(self.allowed, 0.0 if self.allowed else 0.2)
 
 
 def callers(store: Store, limiter: Limiter | None = None) -> Callers:

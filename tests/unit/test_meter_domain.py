@@ -14,8 +14,8 @@ from services.meter.domain import (
     Band,
     Event,
     EventType,
-    Hold,
     HoldBook,
+    OpenHold,
     Reason,
     RowKind,
     RunwayFigures,
@@ -184,8 +184,8 @@ def test_ticks_stop_at_the_bound_and_it_burns_nothing_past_it() -> None:
 CONSUMED = {"w2": Decimal("0.1"), "w3": Decimal("0.1"), "w6": Decimal("5")}
 
 
-def hold(wid: str, amount: str, rolling: bool = False, tenant: str = "acme") -> Hold:
-    return Hold(tenant, wid, Decimal(amount), rolling)
+def hold(wid: str, amount: str, rolling: bool = False, tenant: str = "acme") -> OpenHold:
+    return OpenHold(tenant, wid, Decimal(amount), rolling)
 
 
 @pytest.mark.parametrize(("holds", "want"), [
@@ -199,7 +199,7 @@ def hold(wid: str, amount: str, rolling: bool = False, tenant: str = "acme") -> 
 ], ids=["not-metered-holds-it-all", "running-holds-the-rest", "never-below-zero",
         "rolling-holds-it-all", "summed-per-tenant", "each-hold-on-its-own",
         "tenants-apart"])
-def test_reserved_is_what_open_holds_have_not_consumed(holds: list[Hold], want: str) -> None:
+def test_reserved_is_what_open_holds_have_not_consumed(holds: list[OpenHold], want: str) -> None:
     book = HoldBook()
     book.replace_tenants({"acme", "other"}, holds)
     assert book.reserved("acme", CONSUMED) == Decimal(want)
@@ -234,14 +234,14 @@ def test_the_hold_book_agrees_with_summing_every_hold_after_any_mix_of_changes()
     after each change the kept figure equals the sum over every hold it holds."""
     rng = random.Random(11)
     book = HoldBook()
-    truth: dict[str, list[Hold]] = {}  # workload -> its open holds
+    truth: dict[str, list[OpenHold]] = {}  # workload -> its open holds
     tenants = ["a", "b", "c"]
     consumed = {f"w{i}": Decimal(rng.randint(0, 300)) / 100 for i in range(0, 30, 3)}
     for _ in range(400):
         wid = f"w{rng.randrange(30)}"
         roll = rng.random()
         if roll < 0.5:  # admission wrote a hold: the workload is read again
-            truth.setdefault(wid, []).append(Hold(rng.choice(tenants), wid,
+            truth.setdefault(wid, []).append(OpenHold(rng.choice(tenants), wid,
                                                   Decimal(rng.randint(1, 400)) / 100,
                                                   rng.random() < 0.2))
             book.replace_workloads([wid], truth[wid])

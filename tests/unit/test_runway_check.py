@@ -12,7 +12,7 @@ from kestrel.v1 import common_pb2
 from services.admission.kueue import RunwayCheckController, idle_wait_s
 from services.admission.runway_check import (
     CheckState,
-    Money,
+    Funds,
     changes,
     decides_alike,
     money_of,
@@ -28,8 +28,8 @@ def job(state: JobState, reason: str = "needs 1 credit, 0 remain") -> JobRow:
                   1, 0, 0, 0, 1, 0, 1, 60)
 
 
-FINE = Money(Decimal(10), Decimal(2))
-SPENT = Money(Decimal(10), Decimal(10))
+FINE = Funds(Decimal(10), Decimal(2))
+SPENT = Funds(Decimal(10), Decimal(10))
 
 
 @pytest.mark.parametrize(("name", "state", "money", "want", "says"), [
@@ -42,7 +42,7 @@ SPENT = Money(Decimal(10), Decimal(10))
      CheckState.PENDING, "budget is spent"),
     ("a cancelled job is rejected", JobState.CANCELLED, FINE, CheckState.REJECTED, "cancelled"),
 ], ids=lambda x: x if isinstance(x, str) else "")
-def test_verdict(name: str, state: JobState, money: Money, want: CheckState,
+def test_verdict(name: str, state: JobState, money: Funds, want: CheckState,
                  says: str) -> None:
     v = verdict(job(state), money)
     assert v.state is want and says in v.message
@@ -67,7 +67,7 @@ def wl(check: str = "Pending", message: str = "", admitted: bool = False,
     ("a deactivated workload is left alone", wl("Ready", admitted=True, active=False), SPENT,
      True),
 ], ids=lambda x: x if isinstance(x, str) else "")
-def test_settled(name: str, w: WorkloadView, money: Money | None, want: bool) -> None:
+def test_settled(name: str, w: WorkloadView, money: Funds | None, want: bool) -> None:
     assert settled(w, money) is want
 
 
@@ -87,10 +87,10 @@ def test_only_differences_are_patched() -> None:
 def test_spending_alone_does_not_patch_a_workload_again() -> None:
     running = {"job-1": job(JobState.RUNNING)}
     before = verdict(running["job-1"], FINE)
-    later = Money(Decimal(10), Decimal(7))  # ticks charged more since
+    later = Funds(Decimal(10), Decimal(7))  # ticks charged more since
     assert changes([wl("Ready", before.message)], running, {"acme": later}) == []
     spent = verdict(running["job-1"], SPENT)
-    more = Money(Decimal(10), Decimal(12))
+    more = Funds(Decimal(10), Decimal(12))
     assert changes([wl("Pending", spent.message)], running, {"acme": more}) == []
 
 
@@ -123,23 +123,23 @@ def test_a_workload_view_reads_our_check_entry_owner_and_conditions() -> None:
 
 def test_the_money_a_runway_carries_is_what_the_check_decides_spent_on() -> None:
     fresh = money_of(common_pb2.Runway(tenant="acme", credits="10.5", charged="2.25"))
-    assert fresh == Money(Decimal("10.5"), Decimal("2.25")) and not fresh.spent
+    assert fresh == Funds(Decimal("10.5"), Decimal("2.25")) and not fresh.spent
     assert money_of(common_pb2.Runway(tenant="acme", credits="3", charged="3")).spent
     assert money_of(common_pb2.Runway(tenant="acme")).spent  # nothing topped up yet
 
 
 @pytest.mark.parametrize(("name", "old", "new", "alike"), [
-    ("charging more with money left decides alike", FINE, Money(Decimal(10), Decimal(7)),
+    ("charging more with money left decides alike", FINE, Funds(Decimal(10), Decimal(7)),
      True),
-    ("a top-up with money left decides alike", FINE, Money(Decimal(50), Decimal(2)), True),
+    ("a top-up with money left decides alike", FINE, Funds(Decimal(50), Decimal(2)), True),
     ("spending the last of it does not", FINE, SPENT, False),
-    ("a top-up of a spent tenant does not", SPENT, Money(Decimal(20), Decimal(10)), False),
+    ("a top-up of a spent tenant does not", SPENT, Funds(Decimal(20), Decimal(10)), False),
     ("a spent tenant's smaller top-up changes its message", SPENT,
-     Money(Decimal(11), Decimal(12)), False),
-    ("a spent tenant charged more keeps its verdicts", SPENT, Money(Decimal(10), Decimal(12)),
+     Funds(Decimal(11), Decimal(12)), False),
+    ("a spent tenant charged more keeps its verdicts", SPENT, Funds(Decimal(10), Decimal(12)),
      True),
 ])
-def test_decides_alike(name: str, old: Money, new: Money, alike: bool) -> None:
+def test_decides_alike(name: str, old: Funds, new: Funds, alike: bool) -> None:
     assert decides_alike(old, new) is alike
     # What it promises, on a pending Workload and a Ready one: the same decisions.
     for w in (WorkloadView("ns", "w", "job-1", "Pending", "", False, True, False,
@@ -158,7 +158,7 @@ def test_a_runway_that_decides_alike_wakes_no_tenant_pass() -> None:
     assert rc.stale == {"acme"}  # the first money heard: decide with it
     rc.stale.clear()
     rc.heard(common_pb2.Runway(tenant="acme", credits="10", charged="7"))
-    assert rc.stale == set() and rc.money["acme"] == Money(Decimal(10), Decimal(7))
+    assert rc.stale == set() and rc.money["acme"] == Funds(Decimal(10), Decimal(7))
     rc.heard(common_pb2.Runway(tenant="acme", credits="10", charged="10"))
     assert rc.stale == {"acme"}  # spent: its Workloads wait, admitted ones stop
 

@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from kestrel.checkfeed import WorkloadView
 from kestrel.jobs import JobRow, JobState
 from services.admission.kueue import PATCH_CONCURRENCY, RunwayCheckController
-from services.admission.runway_check import Money, Verdict, verdict
+from services.admission.runway_check import CheckAnswer, Funds, verdict
 
 CHECK = "kestrel-runway"
 
@@ -54,7 +54,7 @@ class Kueue:
         self.in_flight = self.most_in_flight = 0
         self.lock = threading.Lock()
 
-    def set_check(self, w: WorkloadView, check: str, v: Verdict) -> None:
+    def set_check(self, w: WorkloadView, check: str, v: CheckAnswer) -> None:
         with self.lock:
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
@@ -72,7 +72,7 @@ class Kueue:
 def controller(ids: list[str]) -> RunwayCheckController:
     rc = RunwayCheckController(Admission({i: row(i) for i in ids}),  # type: ignore[arg-type]
                                kubeconfig="", check=CHECK)
-    rc.money = {"acme": Money(Decimal(10), Decimal(2))}
+    rc.money = {"acme": Funds(Decimal(10), Decimal(2))}
     return rc
 
 
