@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _contracts() -> dict[str, dict[str, list[str]]]:
+def _contracts() -> dict[str, dict[str, Any]]:
     doc = tomllib.loads((REPO / "pyproject.toml").read_text())
     return {c["name"]: c for c in doc["tool"]["importlinter"]["contracts"]}
 
