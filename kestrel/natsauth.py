@@ -11,7 +11,8 @@ another's messages:
 - only the placer publishes `kestrel.checks.workloads` (the Workloads the runway check
   decides on, kestrel.checkfeed), and only admission reads it and asks for a full set
   on `kestrel.checks.sync`;
-- the gateway publishes nothing: it only watches `kestrel.jobs.state.>` for WatchJob;
+- the gateway publishes nothing: it watches `kestrel.jobs.state.>` for WatchJob and
+  reads the runway stream (Infer's budget gate), through JetStream's API alone;
 - each service parks bad messages on its own `kestrel.deadletter.<service>` only;
 - `tap`, the operators' `kestrel tap`, reads `kestrel.>` and publishes nothing;
 - `admin` (stream set-up by tests and benches, purges) may do everything.
@@ -78,8 +79,10 @@ def _service(user: str, publishes: Sequence[str], subscribes: Sequence[str],
 
 
 GRANTS: Mapping[str, Grants] = {
-    "gateway": Grants(publish=(), subscribe=("kestrel.jobs.state.>",
-                                            f"{inbox_prefix('gateway')}.>")),
+    # No stream set-up and no deadletter: the gateway only reads the runway stream.
+    "gateway": Grants(publish=(f"{JS}.STREAM.INFO.KESTREL_RUNWAY",
+                               *_consume("KESTREL_RUNWAY", "")),
+                      subscribe=("kestrel.jobs.state.>", f"{inbox_prefix('gateway')}.>")),
     "admission": _service("admission", ("kestrel.jobs.admitted.>", "kestrel.jobs.state.>",
                                         "kestrel.checks.sync"),
                           ("kestrel.checks.workloads",),

@@ -7,7 +7,8 @@ per subject. A reader therefore needs no query: `follow()` reads every tenant's 
 figure at start (`ready` is set once the stream's backlog is read, or after
 `catch_up_s`), then each new one as it is published, into a `Runways`. Admission (its
 held jobs and the runway check), the placer (flavor by runway) and the autoscaler
-(how far an endpoint may scale) each keep one and subscribe to its changes.
+(how far an endpoint may scale) each keep one and subscribe to its changes; the
+gateway keeps one for Infer's budget gate (no call to the meter per request).
 
 `Runways.take` is pure: a figure older than the one held (a lower ledger sequence,
 or the same one computed earlier) is dropped, so a redelivery after a reconnect

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from kestrel import bus
+from kestrel import bus, runway
 from kestrel.config import Stores, env_float, env_int, env_str
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
@@ -96,12 +96,14 @@ async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
     placer_ch = aio_channel(config.placer_addr) if config.placer_addr else None
     hub = ReplyHub(config.stores.redis_url)  # Infer's replies: one reader per gateway
     hub.start()
+    runways = runway.Runways()  # Infer's budget gate reads the meter's last figure
+    following = asyncio.create_task(runway.follow(nc, runways, stop), name="runway")
     servicer = GatewayServicer(
         store, RateLimiter(redis), admission_pb2_grpc.AdmissionStub(admission_ch),
         meter_pb2_grpc.MeterStub(meter_ch), nc, operator_token_hash(config),
         config.max_node_gpus,
         placer_pb2_grpc.PlacerStub(placer_ch) if placer_ch is not None else None,
-        InferBackend(redis, hub, config.worker_heartbeat_s))
+        InferBackend(redis, hub, config.worker_heartbeat_s), runways)
     registry = CollectorRegistry()
     server = Server(config.host, config.grpc_port,
                     [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],
@@ -119,5 +121,5 @@ async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
     finally:
         await openai_api.stop()
         channels = [admission_ch, meter_ch, *([placer_ch] if placer_ch is not None else [])]
-        await drain(server, [], task_timeout_s=0, http=http, nc=nc, pool=pool,
+        await drain(server, [following], task_timeout_s=5, http=http, nc=nc, pool=pool,
                     closers=[*(c.close for c in channels), hub.close, redis.aclose])

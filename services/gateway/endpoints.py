@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
 
@@ -49,13 +49,17 @@ class Scaled:
 class Endpoints:
     def __init__(self, store: EndpointStore, jobs: GatewayStore, replicas: Replicas,
                  meter: meter_pb2_grpc.MeterStub, infer_backend: InferBackend | None,
-                 placed: bool) -> None:
+                 placed: bool, runways: Mapping[str, common_pb2.Runway] | None = None
+                 ) -> None:
         self.store = store
         self.jobs = jobs
         self.replicas = replicas
         self.meter = meter
         self.infer_backend = infer_backend
         self.placed = placed  # a placer runs replicas on the cluster
+        # Every tenant's last runway as the meter published it (kestrel.runway.follow);
+        # None: ask the meter (a gateway without the stream, the endpoint race tests).
+        self.runways = runways
         self._rows: dict[tuple[str, str], tuple[float, EndpointRow | None]] = {}
         self._spent: dict[str, tuple[float, bool]] = {}
         self._scale_locks: dict[str, asyncio.Lock] = {}
@@ -251,8 +255,14 @@ class Endpoints:
         return True
 
     async def budget_spent(self, tenant: str) -> bool:
-        """credits - charged <= 0, as the meter last said (cached 2 s per tenant): the
-        runway check has deactivated (or is deactivating) every replica."""
+        """credits - charged <= 0, as the meter last published it (the shared runway
+        view: no call per request, and a top-up or the last spend holds as soon as the
+        meter commits it); for a tenant the view has not heard of yet, as the meter
+        answers (cached 2 s per tenant). When spent, the runway check has deactivated
+        (or is deactivating) every replica."""
+        fig = self.runways.get(tenant) if self.runways is not None else None
+        if fig is not None:
+            return budget.spent(Decimal(fig.credits or "0"), Decimal(fig.charged or "0"))
         hit = self._spent.get(tenant)
         if hit and time.monotonic() - hit[0] < SPENT_CACHE_S:
             return hit[1]

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, TypeAlias
 
 import grpc
@@ -83,12 +83,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                  admission: admission_pb2_grpc.AdmissionStub, meter: meter_pb2_grpc.MeterStub,
                  nc: NATS, operator_token_hash: str, max_node_gpus: int,
                  placer: placer_pb2_grpc.PlacerStub | None = None,
-                 infer_backend: InferBackend | None = None) -> None:
+                 infer_backend: InferBackend | None = None,
+                 runways: Mapping[str, common_pb2.Runway] | None = None) -> None:
         self.placer = placer
         self.infer_backend = infer_backend
         self.endpoints = Endpoints(EndpointStore(store.pool), store,
                                    Replicas(admission, placer), meter, infer_backend,
-                                   placed=placer is not None)
+                                   placed=placer is not None, runways=runways)
         self.store = store
         self.meter = meter
         self.nc = nc

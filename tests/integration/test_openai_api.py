@@ -149,7 +149,8 @@ async def test_the_openai_client_gets_the_vectors_grpc_infer_returns(
     assert empty.value.param == "input"
 
 
-async def test_a_spent_budget_answers_402_and_a_top_up_serves_again(world: World) -> None:
+async def test_a_spent_budget_answers_402_a_top_up_serves_again_without_the_meter(
+        world: World) -> None:
     w = world
     w.start_worker(w.endpoint_id)
     await infer(w, [FOOD])  # the replica is up
@@ -169,6 +170,11 @@ async def test_a_spent_budget_answers_402_and_a_top_up_serves_again(world: World
         await w.stub.TopUp(gateway_pb2.GatewayTopUpRequest(tenant="acme", amount="5"),
                            metadata=OP)
         assert await eventually(status, lambda s: s == 200, 10) == 200
+        # The gate reads the meter's published runway, not the meter: with the meter
+        # stopped, a tenant with money is still served.
+        w.plane.procs["meter"].stop()
+        await asyncio.sleep(2.5)  # past any per-tenant cache of a meter answer
+        assert await status() == 200
     finally:
         await c.close()
 
