@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
 
@@ -64,21 +64,26 @@ class Endpoints:
         self._spent: dict[str, tuple[float, bool]] = {}
         self._scale_locks: dict[str, asyncio.Lock] = {}
 
+    async def _row(self, key: tuple[str, str], cached: bool,
+                   load: Callable[[], Awaitable[EndpointRow | None]]) -> EndpointRow | None:
+        """A row by `key` through the CACHE_S cache (when `cached`), else from `load`."""
+        hit = self._rows.get(key) if cached else None
+        if hit and time.monotonic() - hit[0] < CACHE_S:
+            return hit[1]
+        row = await load()
+        self._rows[key] = (time.monotonic(), row)
+        if len(self._rows) > 10_000:
+            self._rows.clear()
+        return row
+
     async def get(self, tenant: str, endpoint_id: str, cached: bool = False) -> EndpointRow:
         """The caller's live endpoint; another tenant's is one that never existed. Infer
         reads through a CACHE_S cache (a deletion on another gateway holds within it)."""
         v = Violations()
         check_endpoint_id(v, endpoint_id)
         v.raise_if_any()
-        key = (tenant, endpoint_id)
-        hit = self._rows.get(key) if cached else None
-        if hit and time.monotonic() - hit[0] < CACHE_S:
-            row = hit[1]
-        else:
-            row = await self.store.get(tenant, endpoint_id)
-            self._rows[key] = (time.monotonic(), row)
-            if len(self._rows) > 10_000:
-                self._rows.clear()
+        row = await self._row((tenant, endpoint_id), cached,
+                              lambda: self.store.get(tenant, endpoint_id))
         if row is None:
             raise NotFound(f"endpoint {endpoint_id} not found")
         if row.deleted_us:
@@ -87,16 +92,9 @@ class Endpoints:
 
     async def named(self, tenant: str, name: str) -> EndpointRow:
         """The caller's live endpoint called `name` (the OpenAI API's `model`), through
-        the same CACHE_S cache as `get`; another tenant's is one that never existed."""
-        key = (tenant, f"name:{name}")
-        hit = self._rows.get(key)
-        if hit and time.monotonic() - hit[0] < CACHE_S:
-            row = hit[1]
-        else:
-            row = await self.store.named(tenant, name)
-            self._rows[key] = (time.monotonic(), row)
-            if len(self._rows) > 10_000:
-                self._rows.clear()
+        the same cache as `get`; another tenant's is one that never existed."""
+        row = await self._row((tenant, f"name:{name}"), True,
+                              lambda: self.store.named(tenant, name))
         if row is None or row.deleted_us:
             raise NotFound(f"the model {name!r} does not exist: it names none of your "
                            "endpoints")

@@ -34,9 +34,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from kestrel.errors import FieldViolation, InvalidArgument
 from kestrel.grpcserver import log_failure
 from kestrel.metrics import LATENCY_BUCKETS
 from kestrel.tls import CERT, KEY
+from kestrel.validation import check_strings
 from services.gateway import openai_wire as wire
 from services.gateway.callers import Callers
 from services.gateway.endpoints import Endpoints
@@ -138,8 +140,9 @@ class OpenAIApi:
             endpoint_id = call.model
         else:
             endpoint_id = (await self.endpoints.named(tenant.tenant, call.model)).endpoint_id
-        resp = await self.inference.infer(
-            tenant, wire.infer_request(call, endpoint_id, priority, timeout_ms), None)
+        request_pb = wire.infer_request(call, endpoint_id, priority, timeout_ms)
+        check_strings(request_pb)  # as map_errors does for every gRPC request
+        resp = await self.inference.infer(tenant, request_pb, None)
         headers = {"x-kestrel-replica": resp.replica,
                    "x-kestrel-queue-ms": f"{resp.queue_ms:.1f}"}
         if resp.truncated:
@@ -159,6 +162,8 @@ class OpenAIApi:
 
     async def model(self, request: Request, tenant: Profile, rid: str) -> Response:
         name = request.path_params["model"]
+        if (problem := wire.model_problem(name)) is not None:
+            raise InvalidArgument([FieldViolation("model", problem)])
         if wire.is_endpoint_id(name):
             row = await self.endpoints.get(tenant.tenant, name, cached=True)
         else:

@@ -2,13 +2,13 @@
 OpenAI-compatible `POST /v1/embeddings` (http.py) both authenticate through Callers
 (the key, then one token of the tenant's rate limit) and then call `Inference.infer`
 with an InferRequest: the same field checks, the same budget gate, the same queue,
-batching and replicas, the same reply checks. A transport only converts."""
+batching and replicas, the same reply checks. A transport only converts, and checks
+every string of the request first, as kestrel.grpcserver.map_errors does for gRPC."""
 
 from __future__ import annotations
 
 from kestrel.errors import BudgetSpent, Unavailable
 from kestrel.v1 import gateway_pb2
-from kestrel.validation import check_strings
 from services.gateway.endpoint_checks import check_infer
 from services.gateway.endpoint_store import EndpointRow
 from services.gateway.endpoints import Endpoints
@@ -27,7 +27,6 @@ class Inference:
                     remaining_s: float | None) -> gateway_pb2.InferResponse:
         """Embed request.inputs on the caller's endpoint, waiting at most the shorter of
         request.timeout_ms and the caller's remaining time."""
-        check_strings(request)
         priority, timeout_s = check_infer(request, remaining_s)
         row = await self.endpoints.get(tenant.tenant, request.endpoint_id, cached=True)
         if self.backend is None:

@@ -51,10 +51,12 @@ from kestrel.errors import (
     transient,
 )
 from kestrel.v1 import gateway_pb2
+from kestrel.validation import string_problem
 
 DIMENSIONS = 384  # all-MiniLM-L6-v2's
 MAX_BODY_BYTES = 8 << 20  # 256 texts of 4096 characters, escaped
 MAX_TIMEOUT_MS = 60_000
+MAX_MODEL_CHARS = 256
 PRIORITY_HEADER = "x-kestrel-priority"
 TIMEOUT_HEADER = "x-kestrel-timeout-ms"
 _PRIORITIES = {p.label: p for p in Priority}
@@ -87,6 +89,8 @@ def parse_embeddings(body: bytes) -> EmbeddingsCall:
     if not isinstance(model, str) or not model:
         problems.append(FieldViolation("model", "is required: the name of one of your "
                                                 "endpoints"))
+    elif (problem := model_problem(model)) is not None:
+        problems.append(FieldViolation("model", problem))
     raw = doc.get("input")
     inputs: list[str] = []
     if isinstance(raw, str):
@@ -118,6 +122,11 @@ def parse_embeddings(body: bytes) -> EmbeddingsCall:
     if problems:
         raise InvalidArgument(problems)
     return EmbeddingsCall(str(model), list(inputs), fmt == "base64")
+
+
+def model_problem(model: str) -> str | None:
+    """Why a model name cannot name an endpoint (checked before it reaches a query)."""
+    return string_problem(model, MAX_MODEL_CHARS)
 
 
 def priority_of(header: str | None) -> int:

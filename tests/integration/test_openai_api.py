@@ -228,6 +228,8 @@ async def test_curl_raw_shapes_and_each_status(world: World, tmp_path: Path) -> 
                                       key, 400, "invalid_value"),
         "NUL in a text": ([], json.dumps({"model": "embed", "input": "a\x00b"}), key, 400,
                           "invalid_value"),
+        "NUL in the model": ([], json.dumps({"model": "a\x00b", "input": "x"}), key, 400,
+                             "invalid_value"),
         "bad encoding": ([], json.dumps({"model": "embed", "input": "x",
                                          "encoding_format": "int8"}), key, 400,
                          "invalid_value"),

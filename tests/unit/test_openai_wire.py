@@ -47,6 +47,8 @@ def test_accepted_bodies(body: dict[str, object], inputs: list[str], b64: bool) 
     pytest.param(b"[1, 2]", "body", id="not an object names the body"),
     pytest.param(b'{"input": "x"}', "model", id="a missing model"),
     pytest.param(b'{"model": "", "input": "x"}', "model", id="an empty model"),
+    pytest.param(b'{"model": "a\\u0000b", "input": "x"}', "model",
+                 id="a NUL in the model never reaches a query"),
     pytest.param(b'{"model": "m"}', "input", id="a missing input"),
     pytest.param(b'{"model": "m", "input": [1, 2, 3]}', "input", id="token ids"),
     pytest.param(b'{"model": "m", "input": [[1, 2], [3]]}', "input", id="lists of token ids"),
