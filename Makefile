@@ -16,7 +16,7 @@ help: ## This list
 setup: ## Install everything (Debian packages, .venv, buf); idempotent
 	@scripts/setup.sh
 
-proto: setup ## Regenerate kestrel/v1 stubs, docs/api.md and the console's TypeScript clients from proto/
+proto: setup ## Regenerate the kestrel_sdk.v1 stubs (sdk/python), docs/api.md and the console's TypeScript clients from proto/
 	scripts/gen_proto.sh
 	$(MAKE) api-docs
 	$(MAKE) console-gen
@@ -26,8 +26,8 @@ api-docs: setup ## Regenerate docs/api.md from the comments in proto/
 
 proto-check: setup ## Fail if the committed stubs are not what proto/ generates
 	@tmp=$$(mktemp -d); scripts/gen_proto.sh $$tmp && \
-	  diff -r -x __pycache__ $$tmp/kestrel/v1 kestrel/v1 >/dev/null || \
-	  { echo "kestrel/v1 is stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
+	  diff -r -x __pycache__ $$tmp/kestrel_sdk/v1 sdk/python/kestrel_sdk/v1 >/dev/null || \
+	  { echo "sdk/python/kestrel_sdk/v1 is stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
 	  rm -rf $$tmp; echo "proto-check: generated stubs are fresh"
 	@tmp=$$(mktemp); $(PY) scripts/gen_api_docs.py $$tmp && cmp -s $$tmp docs/api.md || \
 	  { echo "docs/api.md is stale: run 'make api-docs' and commit"; rm -f $$tmp; exit 1; }; \
@@ -43,8 +43,8 @@ buf-breaking: setup ## Compare proto/ with main (skipped while main has no proto
 	else echo "buf-breaking: main has no protos yet, skipped"; fi
 
 lint: setup proto-check console-check buf-lint buf-breaking prom-lint compose-check ## ruff, mypy, import contracts, buf lint, buf breaking, fresh stubs, alert rules, docker-compose.yml
-	$(PY) -m ruff check kestrel services tests bench
-	$(PY) -m mypy kestrel services tests bench
+	$(PY) -m ruff check kestrel sdk/python services tests bench
+	$(PY) -m mypy kestrel sdk/python/kestrel_sdk services tests bench
 	lint-imports  # pyproject [tool.importlinter]: services on the runtime alone, never each other
 
 prom-lint: setup ## promtool: the alert rules are valid and pass their unit tests

@@ -38,7 +38,7 @@ from rich.table import Table
 from kestrel import cluster
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
-from kestrel.sdk import AsyncClient, Endpoint, KestrelError
+from kestrel_sdk import AsyncClient, Endpoint, KestrelError
 
 console = Console(stderr=True)
 TOKEN = "kso_bench-autoscale"

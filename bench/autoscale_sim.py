@@ -5,7 +5,7 @@ arrivals, a queue model of replicas that serve ~60 requests of 8 texts a second,
 a cold start of a few seconds, and billing per replica-second from admission, as
 the meter bills. Each step the scenario's trace is replayed through the very
 function the live loop calls (`core.decide`), with budgets from the one budget
-formula (`kestrel.budget.budget`).
+formula (`kestrel_sdk.budget.budget`).
 
 Every scenario runs twice on the same arrivals: budget-aware, and load-only (the
 same core with an unlimited budget, i.e. what an autoscaler that scales on load
@@ -30,9 +30,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from kestrel import budget as budgets
-from kestrel.budget import budget
 from kestrel.endpoints import Priority
+from kestrel_sdk import budget as budgets
+from kestrel_sdk.budget import budget
 from services.autoscaler.core import (
     Reason,
     ScaleInputs,

@@ -71,8 +71,8 @@ from bench import account
 from kestrel import bus, cluster, kubework
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import ServiceProcess
-from kestrel.sdk import AsyncClient, JobState, KestrelError
 from kestrel.workloads import JOB_ID_LABEL, EventType
+from kestrel_sdk import AsyncClient, JobState, KestrelError
 
 console = Console(stderr=True)
 TOKEN = "kso_chaos"

@@ -9,7 +9,7 @@
       of the Kestrel image that Kueue admitted on the `cpu` flavor and the real kubelet
       (node kestrel-cpu-0) runs under its one-core limit; the whole plane (meter,
       gateway, admission, placer) on the real control plane. Concurrent SDK clients
-      (kestrel.AsyncClient) send requests of 8 short texts back to back (saturation),
+      (kestrel_sdk.AsyncClient) send requests of 8 short texts back to back (saturation),
       then an open loop at half of that request rate: p50/p99, completed, failed; and
       a row for single-text requests.
   (c) the same through the OpenAI-compatible HTTP API (POST /v1/embeddings on the
@@ -38,15 +38,15 @@ import httpx2
 from rich.console import Console
 from rich.table import Table
 
-import kestrel
+import kestrel_sdk
 from bench.texts import sentences
 from kestrel import cluster
 from kestrel.devstack import Stack, port_map
 from kestrel.endpoints import units_of
 from kestrel.procs import REPO, ServiceProcess
-from kestrel.sdk import KestrelError
-from kestrel.v1 import common_pb2
 from kestrel.workloads import CPU_FLAVOR
+from kestrel_sdk import KestrelError
+from kestrel_sdk.v1 import common_pb2
 from services.worker.model import Embedder, load
 
 console = Console(stderr=True)
@@ -125,11 +125,11 @@ async def run(clients: int, seconds: float, keep: bool) -> int:
         for p in procs:
             await asyncio.to_thread(p.start)
         gw = f"127.0.0.1:{ports['gateway']}"
-        async with kestrel.AsyncClient(gw, operator_token=TOKEN) as op:
+        async with kestrel_sdk.AsyncClient(gw, operator_token=TOKEN) as op:
             await op.create_tenant("bench", gpu_quota={}, rate_per_s=100_000, burst=100_000,
                                    initial_credits="100")
             key = (await op.create_api_key("bench", "bench")).secret
-        async with kestrel.AsyncClient(gw, api_key=key) as c:
+        async with kestrel_sdk.AsyncClient(gw, api_key=key) as c:
             t0 = time.monotonic()
             ep = await c.create_endpoint("bench", min_replicas=1, max_replicas=1,
                                          flavor=CPU_FLAVOR, horizon_s=600)
@@ -141,7 +141,7 @@ async def run(clients: int, seconds: float, keep: bool) -> int:
         node = await asyncio.to_thread(pod_node, endpoint)
         console.print(f"    replica ready in {time.monotonic() - t0:.1f} s: a pod on {node}")
 
-        sdk = [kestrel.AsyncClient(gw, api_key=key) for _ in range(4)]
+        sdk = [kestrel_sdk.AsyncClient(gw, api_key=key) for _ in range(4)]
         counter = 0
         parts: list[tuple[float, float]] = []  # (queue_ms, batch model ms) per reply
 

@@ -56,7 +56,7 @@ from bench.cluster_check import steady_rate
 from kestrel import cluster, kubework
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
-from kestrel.sdk import AsyncClient, JobState
+from kestrel_sdk import AsyncClient, JobState
 
 console = Console(stderr=True)
 TOKEN = "kso_bench-jobs"

@@ -35,7 +35,7 @@ from kestrel import bus
 from kestrel.clock import now_us
 from kestrel.devstack import Stack, free_ports
 from kestrel.procs import REPO, ServiceProcess
-from kestrel.v1 import common_pb2, events_pb2
+from kestrel_sdk.v1 import common_pb2, events_pb2
 
 console = Console(stderr=True)
 FLAVORS = ["gpu-h100", "gpu-a10"]

@@ -21,7 +21,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from kestrel import bus
-from kestrel.v1 import events_pb2
+from kestrel_sdk.v1 import events_pb2
 
 
 async def main(url: str, dsn: str, expected: int, batch: int, client: str) -> None:

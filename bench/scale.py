@@ -34,7 +34,7 @@ from bench import account
 from bench.gateway import TOKEN, open_loop, pct, submit_path
 from kestrel.devstack import Stack
 from kestrel.procs import REPO
-from kestrel.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from kestrel_sdk.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 console = Console(stderr=True)
 OP = (("authorization", f"Bearer {TOKEN}"),)

@@ -37,7 +37,7 @@ from rich.table import Table
 from bench.gateway import closed_loop, pct
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
-from kestrel.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from kestrel_sdk.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 console = Console(stderr=True)
 TOKEN = "kso_bench-soak"

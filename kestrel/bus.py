@@ -36,9 +36,9 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from kestrel import natsauth
 from kestrel.service import pause_unless_stopped
-from kestrel.v1 import admission_pb2, common_pb2, events_pb2, meter_pb2
 from kestrel.validation import string_violations
 from kestrel.workloads import EventType
+from kestrel_sdk.v1 import admission_pb2, common_pb2, events_pb2, meter_pb2
 
 log = logging.getLogger("kestrel.bus")
 
@@ -243,7 +243,7 @@ async def park_and_term(js: JetStreamContext, service: str, msg: Any, reason: st
 
 
 def message_class(full_name: str) -> type[Message] | None:
-    """The generated class for `kestrel.v1.<Message>` (any file in kestrel/v1)."""
+    """The generated class for `kestrel.v1.<Message>` (any file of kestrel_sdk/v1)."""
     if not full_name.startswith("kestrel.v1."):
         return None
     short = full_name.removeprefix("kestrel.v1.")
@@ -251,7 +251,7 @@ def message_class(full_name: str) -> type[Message] | None:
         cls = getattr(module, short, None)
         if isinstance(cls, type) and issubclass(cls, Message):
             return cls
-    from kestrel.v1 import autoscaler_pb2, gateway_pb2, placer_pb2, worker_pb2
+    from kestrel_sdk.v1 import autoscaler_pb2, gateway_pb2, placer_pb2, worker_pb2
 
     for module in (gateway_pb2, placer_pb2, autoscaler_pb2, worker_pb2):
         cls = getattr(module, short, None)

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kestrel.v1 import events_pb2
 from kestrel.workloads import TENANT_LABEL
+from kestrel_sdk.v1 import events_pb2
 
 SUBJECT = "kestrel.checks.workloads"
 SYNC_SUBJECT = "kestrel.checks.sync"

@@ -229,7 +229,7 @@ def healthy(name: str) -> bool:
             return s.recv(16).startswith(b"+PONG")
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from kestrel.tls import channel as tls_channel
+    from kestrel_sdk.tls import channel as tls_channel
 
     with tls_channel(f"{HOST}:{PORTS[name]}") as channel:
         resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),

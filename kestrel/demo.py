@@ -52,13 +52,13 @@ from rich.live import Live
 from rich.table import Table
 
 from kestrel import cluster, kubework, prometheus
-from kestrel.cli import render
 from kestrel.cluster.processes import pid_alive
 from kestrel.devstack import Stack, port_map
 from kestrel.procs import REPO, ServiceProcess
-from kestrel.sdk import AsyncClient, Endpoint, Job, JobState, KestrelError, Runway
-from kestrel.tls import aio_channel
-from kestrel.v1 import autoscaler_pb2, autoscaler_pb2_grpc
+from kestrel_sdk import AsyncClient, Endpoint, Job, JobState, KestrelError, Runway
+from kestrel_sdk.cli import render
+from kestrel_sdk.tls import aio_channel
+from kestrel_sdk.v1 import autoscaler_pb2, autoscaler_pb2_grpc
 
 _probe = Console()
 console = _probe if _probe.is_terminal else Console(width=120)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from kestrel.workloads import CPU_FLAVOR
 
 if TYPE_CHECKING:
-    from kestrel.v1 import common_pb2
+    from kestrel_sdk.v1 import common_pb2
 
 GROUP = "workers"
 FIELD = b"m"

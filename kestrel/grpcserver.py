@@ -28,8 +28,8 @@ from grpc_status import rpc_status
 
 from kestrel import reflection
 from kestrel.errors import InvalidArgument, KestrelError, to_status, transient
-from kestrel.tls import Tls
 from kestrel.validation import check_strings
+from kestrel_sdk.tls import Tls
 
 log = logging.getLogger("kestrel.grpc")
 

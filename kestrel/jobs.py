@@ -8,8 +8,8 @@ from decimal import Decimal
 
 import asyncpg
 
-from kestrel.money import fmt
-from kestrel.v1 import common_pb2
+from kestrel_sdk.money import fmt
+from kestrel_sdk.v1 import common_pb2
 
 
 class JobState(enum.IntEnum):

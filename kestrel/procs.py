@@ -18,8 +18,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kestrel.service import setpriv
-from kestrel.tls import Tls
-from kestrel.tls import channel as tls_channel
+from kestrel_sdk.tls import Tls
+from kestrel_sdk.tls import channel as tls_channel
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -26,7 +26,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from kestrel.bus import FETCH_RETRY_S, PULL_WAIT_S, Durable, Puller
-from kestrel.v1 import common_pb2, events_pb2
+from kestrel_sdk.v1 import common_pb2, events_pb2
 
 __all__ = ["STREAM", "SUBJECTS", "Runways", "follow"]
 

@@ -25,8 +25,8 @@ from decimal import Decimal
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kestrel.sdk import Client, JobState, NotFound
-from kestrel.tls import channel as tls_channel
+from kestrel_sdk import Client, JobState, NotFound
+from kestrel_sdk.tls import channel as tls_channel
 
 
 @dataclass(frozen=True)

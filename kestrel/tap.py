@@ -1,5 +1,8 @@
 """`kestrel tap SUBJECT`: every bus message on SUBJECT as one JSON line.
 
+The server distribution adds `command` to the SDK's CLI (entry point group
+`kestrel_sdk.commands` in pyproject.toml): the tap needs nats-py, which the SDK leaves out.
+
 A core NATS subscription (JetStream publishes reach core subscribers too), so
 it taps any subject, in a stream or not, without creating consumers.
 """
@@ -8,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Annotated, Any, TextIO
 
 import nats
+import typer
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -107,3 +112,14 @@ async def tap(url: str, subject: str, *, count: int = 0, out: TextIO = sys.stdou
         else:  # stopped while NATS is away: nothing to drain
             await nc.close()
     return seen
+
+
+def command(subject: Annotated[str, typer.Argument(help="NATS subject, wildcards allowed")]
+            = "kestrel.>",
+            nats_url: Annotated[str, typer.Option(envvar="KESTREL_NATS_URL")]
+            = "nats://127.0.0.1:4222",
+            count: Annotated[int, typer.Option(help="stop after N messages (0: never)")] = 0,
+            ) -> None:
+    """Print every bus message on SUBJECT decoded from protobuf, one JSON line each."""
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(tap(nats_url, subject, count=count))

@@ -76,11 +76,17 @@ if [ ! -x .venv/bin/python ]; then
 fi
 mkdir -p "$stamp_dir"
 
-want=$(sha256sum pyproject.toml | cut -c1-16)
+want=$(cat pyproject.toml sdk/python/pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp_dir/python" 2>/dev/null)" != "$want" ]; then
   say "installing Python dependencies (pyproject.toml changed or first run)"
   .venv/bin/python -m pip install -q --upgrade pip
+  # The SDK distribution first, from the tree: the server requires kestrel-sdk, and
+  # pip then finds it installed instead of looking for it on the index.
+  .venv/bin/python -m pip install -q -e ./sdk/python
   .venv/bin/python -m pip install -q -e '.[infra,dev,model]'
+  # A venv from before the split: removing the old server distribution took its
+  # `kestrel` script, which is the SDK's now.
+  [ -x .venv/bin/kestrel ] || .venv/bin/python -m pip install -q --no-deps --force-reinstall -e ./sdk/python
   echo "$want" > "$stamp_dir/python"
 fi
 

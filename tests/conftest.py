@@ -111,7 +111,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 OPERATOR_TOKEN = "kso_test-operator-token"
-# The CLI's contexts file: never the developer's own in a test (kestrel.cli.config).
+# The CLI's contexts file: never the developer's own in a test (kestrel_sdk.cli.config).
 os.environ.setdefault("KESTREL_CONFIG", str(Path(tempfile.gettempdir()) /
                                             "kestrel-tests-no-config.toml"))
 

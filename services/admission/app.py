@@ -20,7 +20,7 @@ from kestrel.kubeclient import kubeconfig_usable
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.runway import Runways
 from kestrel.service import drain, every, serve_metrics
-from kestrel.v1 import admission_pb2, admission_pb2_grpc, events_pb2
+from kestrel_sdk.v1 import admission_pb2, admission_pb2_grpc, events_pb2
 from services.admission.consumers import Reevaluator, follow_workloads, on_runway
 from services.admission.core import Admission
 from services.admission.domain import JobState

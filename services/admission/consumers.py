@@ -20,8 +20,8 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from kestrel import bus
-from kestrel.v1 import common_pb2, events_pb2
 from kestrel.workloads import EventType
+from kestrel_sdk.v1 import common_pb2, events_pb2
 from services.admission.core import Admission, WorkloadChange
 
 log = logging.getLogger("kestrel.admission.bus")

@@ -26,9 +26,9 @@ from kestrel.batching import Batcher
 from kestrel.clock import Clock, now_us
 from kestrel.errors import FailedPrecondition, NotFound
 from kestrel.jobs import JobRow
-from kestrel.money import ZERO
-from kestrel.v1 import common_pb2
 from kestrel.workloads import EventType
+from kestrel_sdk.money import ZERO
+from kestrel_sdk.v1 import common_pb2
 from services.admission.domain import (
     Budget,
     Decision,

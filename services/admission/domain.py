@@ -14,10 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from kestrel import budget
 from kestrel.jobs import TERMINAL, JobState
-from kestrel.money import ZERO, fmt
 from kestrel.workloads import CPU_FLAVOR, CPU_POOL_CORES, unit_of
+from kestrel_sdk import budget
+from kestrel_sdk.money import ZERO, fmt
 
 __all__ = ["TERMINAL", "JobState"]
 
@@ -65,7 +65,7 @@ class Reservation:
 
     @property
     def held(self) -> Decimal:
-        """kestrel.budget's one formula for what a hold still holds."""
+        """kestrel_sdk.budget's one formula for what a hold still holds."""
         return budget.Hold(self.amount, self.consumed, rolling=self.rolling).held
 
 

@@ -30,13 +30,13 @@ from kubernetes.client.exceptions import ApiException
 from kestrel import checkfeed, kubeclient
 from kestrel.checkfeed import WorkloadView
 from kestrel.kubeclient import new_api_client
-from kestrel.v1 import common_pb2, events_pb2
 from kestrel.workloads import (
     EVICTION_REASON_ANNOTATION,
     KUEUE_API_VERSION,
     KUEUE_GROUP,
     budget_spent_reason,
 )
+from kestrel_sdk.v1 import common_pb2, events_pb2
 from services.admission.core import Admission
 from services.admission.runway_check import (
     CheckAnswer,

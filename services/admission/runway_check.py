@@ -28,11 +28,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from kestrel import budget
 from kestrel.checkfeed import WorkloadView
 from kestrel.jobs import JobRow, JobState
-from kestrel.money import fmt
-from kestrel.v1 import common_pb2
+from kestrel_sdk import budget
+from kestrel_sdk.money import fmt
+from kestrel_sdk.v1 import common_pb2
 
 
 class CheckState(enum.StrEnum):

@@ -9,8 +9,8 @@ import grpc
 from kestrel.errors import KestrelError, Violations, to_status
 from kestrel.grpcserver import completes, log_failure, map_errors, request_id
 from kestrel.jobs import job_to_wire
-from kestrel.money import fmt
-from kestrel.v1 import admission_pb2, admission_pb2_grpc, common_pb2
+from kestrel_sdk.money import fmt
+from kestrel_sdk.v1 import admission_pb2, admission_pb2_grpc, common_pb2
 from services.admission.core import Admission, Outcome, Submission
 from services.admission.domain import JobAsk, JobState
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kestrel.jobs import JobRow, JobState, job_to_wire
-from kestrel.money import fmt
-from kestrel.v1 import events_pb2
+from kestrel_sdk.money import fmt
+from kestrel_sdk.v1 import events_pb2
 
 
 def state_changed(row: JobRow, prev: JobState | None, time_us: int) -> events_pb2.JobStateChanged:

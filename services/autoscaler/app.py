@@ -23,8 +23,8 @@ from kestrel.lease import Elector
 from kestrel.metrics import GrpcMetrics
 from kestrel.runway import Runways
 from kestrel.service import every, serve_metrics
-from kestrel.tls import aio_channel
-from kestrel.v1 import (
+from kestrel_sdk.tls import aio_channel
+from kestrel_sdk.v1 import (
     autoscaler_pb2,
     autoscaler_pb2_grpc,
     events_pb2,

@@ -129,9 +129,9 @@ class ScaleInputs:
     # Price of one replica-second of the endpoint's flavor.
     price_per_replica_s: Decimal
     # The tenant's remaining budget net of what *other* work has reserved
-    # (kestrel.budget: credits - charged - reserved, the endpoint's own hold added back).
+    # (kestrel_sdk.budget: credits - charged - reserved, the endpoint's own hold added back).
     remaining: Decimal
-    # The tenant's runway (kestrel.budget.Budget.runway_s); inf when nothing burns.
+    # The tenant's runway (kestrel_sdk.budget.Budget.runway_s); inf when nothing burns.
     runway_s: float
     # Replicas the endpoint has (ready + pending), of which ready serve and pending start.
     current: int

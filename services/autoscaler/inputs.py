@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from kestrel import budget
 from kestrel.endpoints import Priority, horizon_of, units_of
-from kestrel.v1 import common_pb2
 from kestrel.workloads import CPU_FLAVOR
+from kestrel_sdk import budget
+from kestrel_sdk.v1 import common_pb2
 from services.autoscaler.core import ScaleInputs, ScalePolicy
 
 

@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 
 from kestrel import endpoints as ep
 from kestrel.clock import now_us
-from kestrel.v1 import (
+from kestrel_sdk.v1 import (
     autoscaler_pb2,
     common_pb2,
     events_pb2,

@@ -17,8 +17,8 @@ from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.metrics import GrpcMetrics
 from kestrel.service import drain, serve_metrics
-from kestrel.tls import aio_channel
-from kestrel.v1 import (
+from kestrel_sdk.tls import aio_channel
+from kestrel_sdk.v1 import (
     admission_pb2_grpc,
     gateway_pb2,
     gateway_pb2_grpc,

@@ -27,7 +27,7 @@ import grpc
 from kestrel.batching import Batcher
 from kestrel.errors import AlreadyExists, NotFound
 from kestrel.jobs import JobRow
-from kestrel.v1 import (
+from kestrel_sdk.v1 import (
     admission_pb2,
     admission_pb2_grpc,
     common_pb2,

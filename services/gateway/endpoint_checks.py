@@ -6,8 +6,8 @@ from collections.abc import Collection
 
 from kestrel.endpoints import ENDPOINT_ID_RE, MAX_TEXTS, MODEL_NAME, Priority
 from kestrel.errors import Violations
-from kestrel.v1 import common_pb2, gateway_pb2
 from kestrel.workloads import CPU_FLAVOR
+from kestrel_sdk.v1 import common_pb2, gateway_pb2
 from services.gateway.validation import name_problem
 
 MAX_REPLICAS = 16

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import asyncpg
 from google.protobuf.message import DecodeError
 
-from kestrel.v1 import common_pb2
+from kestrel_sdk.v1 import common_pb2
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ from decimal import Decimal
 
 import grpc
 
-from kestrel import budget
 from kestrel.clock import now_us
 from kestrel.errors import AlreadyExists, FailedPrecondition, NotFound, Violations
-from kestrel.v1 import common_pb2, meter_pb2, meter_pb2_grpc
 from kestrel.workloads import simulated_flavor
+from kestrel_sdk import budget
+from kestrel_sdk.v1 import common_pb2, meter_pb2, meter_pb2_grpc
 from services.gateway.callers import CACHE_S
 from services.gateway.endpoint_checks import check_endpoint_id, normalised_spec
 from services.gateway.endpoint_store import EndpointRow, EndpointStore

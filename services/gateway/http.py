@@ -37,8 +37,8 @@ from starlette.routing import Route
 from kestrel.errors import FieldViolation, InvalidArgument
 from kestrel.grpcserver import log_failure
 from kestrel.metrics import LATENCY_BUCKETS
-from kestrel.tls import CERT, KEY
 from kestrel.validation import check_strings
+from kestrel_sdk.tls import CERT, KEY
 from services.gateway import openai_wire as wire
 from services.gateway.callers import Callers
 from services.gateway.endpoints import Endpoints

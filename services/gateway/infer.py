@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from kestrel import endpoints as ep
 from kestrel.clock import now_us
 from kestrel.errors import DeadlineExceeded, NoReadyReplica, Unavailable
-from kestrel.v1 import worker_pb2
+from kestrel_sdk.v1 import worker_pb2
 
 log = logging.getLogger("kestrel.gateway.infer")
 # Request streams are capped so that a stopped endpoint cannot fill Redis.

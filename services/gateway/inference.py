@@ -8,7 +8,7 @@ every string of the request first, as kestrel.grpcserver.map_errors does for gRP
 from __future__ import annotations
 
 from kestrel.errors import BudgetSpent, Unavailable
-from kestrel.v1 import gateway_pb2
+from kestrel_sdk.v1 import gateway_pb2
 from services.gateway.endpoint_checks import check_infer
 from services.gateway.endpoint_store import EndpointRow
 from services.gateway.endpoints import Endpoints

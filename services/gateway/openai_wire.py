@@ -50,8 +50,8 @@ from kestrel.errors import (
     Unimplemented,
     transient,
 )
-from kestrel.v1 import gateway_pb2
 from kestrel.validation import string_problem
+from kestrel_sdk.v1 import gateway_pb2
 
 DIMENSIONS = 384  # all-MiniLM-L6-v2's
 MAX_BODY_BYTES = 8 << 20  # 256 texts of 4096 characters, escaped

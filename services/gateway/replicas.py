@@ -5,7 +5,7 @@ the CPU pool, a KWOK pod for a GPU flavor (simulated).
 
 What makes a replica different from a job is in its JobSpec: `endpoint_id` is set, it
 has no deadline, and its reservation rolls: it holds units x horizon x price for as
-long as it runs (kestrel/budget.py Hold.rolling), so a tenant can never start more
+long as it runs (kestrel_sdk/budget.py Hold.rolling), so a tenant can never start more
 replicas than its remaining budget covers for the endpoint's horizon, and when the
 budget is spent the runway check deactivates them like any running work.
 
@@ -25,7 +25,7 @@ import grpc
 from kestrel.endpoints import DEFAULT_HORIZON_S as DEFAULT_HORIZON_S
 from kestrel.endpoints import horizon_of as horizon_of
 from kestrel.endpoints import units_of as units_of
-from kestrel.v1 import (
+from kestrel_sdk.v1 import (
     admission_pb2,
     admission_pb2_grpc,
     common_pb2,

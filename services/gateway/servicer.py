@@ -26,9 +26,9 @@ from kestrel.errors import (
 )
 from kestrel.grpcserver import map_errors
 from kestrel.jobs import JobRow, JobState, job_to_wire
-from kestrel.money import MoneyError, parse_amount
 from kestrel.paging import after_int, after_str, encode_token
-from kestrel.v1 import (
+from kestrel_sdk.money import MoneyError, parse_amount
+from kestrel_sdk.v1 import (
     admission_pb2_grpc,
     common_pb2,
     events_pb2,

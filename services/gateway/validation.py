@@ -7,8 +7,8 @@ from collections.abc import Collection, Mapping
 from decimal import Decimal
 
 from kestrel.errors import Violations
-from kestrel.money import MoneyError, parse_amount
-from kestrel.v1 import common_pb2, gateway_pb2
+from kestrel_sdk.money import MoneyError, parse_amount
+from kestrel_sdk.v1 import common_pb2, gateway_pb2
 
 # \Z, not $: "$" also matches before a trailing newline, so "acme\n" passed as a name
 # (newlines pass the generic string check, for notes). Found by the issue-17 fuzzer.

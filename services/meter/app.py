@@ -18,9 +18,9 @@ from kestrel.config import Stores, env_float, env_int, env_str
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
-from kestrel.money import parse_amount
 from kestrel.service import drain, every, serve_metrics
-from kestrel.v1 import common_pb2, events_pb2, meter_pb2, meter_pb2_grpc
+from kestrel_sdk.money import parse_amount
+from kestrel_sdk.v1 import common_pb2, events_pb2, meter_pb2, meter_pb2_grpc
 from services.meter.consumer import DURABLE, STREAM, WorkloadConsumer
 from services.meter.core import Meter, MeterSettings
 from services.meter.domain import Reason, RunwayFigures

@@ -16,7 +16,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from kestrel import bus
-from kestrel.v1 import events_pb2
+from kestrel_sdk.v1 import events_pb2
 from services.meter.core import Meter
 from services.meter.domain import Event
 from services.meter.wire import BadEvent, event_from_wire

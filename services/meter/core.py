@@ -17,7 +17,7 @@ from decimal import Decimal
 
 from kestrel.clock import Clock, now_us
 from kestrel.errors import NotFound
-from kestrel.money import ZERO
+from kestrel_sdk.money import ZERO
 from services.meter.domain import (
     Allocation,
     AllocStatus,

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 
-from kestrel.budget import Budget, budget
-from kestrel.money import ZERO, row_cost
 from kestrel.workloads import AllocStatus, EventType
+from kestrel_sdk.budget import Budget, budget
+from kestrel_sdk.money import ZERO, row_cost
 
 __all__ = ["AllocStatus", "EventType"]
 
@@ -200,7 +200,7 @@ class RunwayFigures:
 
     @property
     def budget(self) -> Budget:
-        """Every derived figure, from the one budget computation (kestrel.budget)."""
+        """Every derived figure, from the one budget computation (kestrel_sdk.budget)."""
         return budget(self.credits, self.charged, self.reserved, self.burn_per_s)
 
     @property

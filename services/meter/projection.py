@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from kestrel.money import ZERO
+from kestrel_sdk.money import ZERO
 from services.meter.domain import Allocation, AllocStatus, RunwayFigures, burn_per_s
 from services.meter.store import CommittedRow, Totals
 

@@ -11,10 +11,10 @@ import grpc
 
 from kestrel.errors import NotFound, Violations
 from kestrel.grpcserver import map_errors
-from kestrel.money import MoneyError, fmt, parse_amount
 from kestrel.paging import after_int, encode_token
-from kestrel.v1 import meter_pb2, meter_pb2_grpc
 from kestrel.workloads import TENANT_ID_RE
+from kestrel_sdk.money import MoneyError, fmt, parse_amount
+from kestrel_sdk.v1 import meter_pb2, meter_pb2_grpc
 from services.meter.core import Meter
 from services.meter.wire import row_to_wire, runway_to_wire
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from kestrel.money import fmt
-from kestrel.v1 import common_pb2, events_pb2, meter_pb2
+from kestrel_sdk.money import fmt
+from kestrel_sdk.v1 import common_pb2, events_pb2, meter_pb2
 from services.meter.domain import Event, EventType, Reason, Row, RunwayFigures
 
 

@@ -18,8 +18,8 @@ from kestrel.grpcserver import Server
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.runway import Runways
 from kestrel.service import drain, every, serve_metrics
-from kestrel.v1 import events_pb2, placer_pb2, placer_pb2_grpc
 from kestrel.workloads import GPU_FLAVORS
+from kestrel_sdk.v1 import events_pb2, placer_pb2, placer_pb2_grpc
 from services.placer.consumers import ACK_WAIT_S, consume_admitted
 from services.placer.core import Placer, PlacerSettings
 from services.placer.domain import DEFAULT_SHORT_BP

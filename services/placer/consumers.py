@@ -18,7 +18,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from kestrel import bus
-from kestrel.v1 import events_pb2
+from kestrel_sdk.v1 import events_pb2
 from services.placer.core import AdmittedJob, Placer
 from services.placer.wire import admitted_from_wire
 

@@ -29,8 +29,8 @@ from kubernetes.client.exceptions import ApiException
 from kestrel import checkfeed
 from kestrel.clock import Clock, now_us
 from kestrel.errors import FailedPrecondition, Unavailable
-from kestrel.v1 import events_pb2, placer_pb2
 from kestrel.workloads import CPU_FLAVOR, TENANT_LABEL
+from kestrel_sdk.v1 import events_pb2, placer_pb2
 from services.placer import manifests, orphans, views
 from services.placer.domain import FlavorAsk, Placement, RunwayView, choose_flavor
 from services.placer.kube import JOBS, KINDS, PODS, WORKLOADS, Change, Kube

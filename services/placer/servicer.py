@@ -8,8 +8,8 @@ import grpc
 
 from kestrel.errors import Violations
 from kestrel.grpcserver import map_errors
-from kestrel.v1 import placer_pb2, placer_pb2_grpc
 from kestrel.workloads import TENANT_ID_RE
+from kestrel_sdk.v1 import placer_pb2, placer_pb2_grpc
 from services.placer import manifests
 from services.placer.core import Placer, check_tenant_name
 

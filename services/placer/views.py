@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kestrel.v1 import placer_pb2
 from kestrel.workloads import POOL_LABEL, SIMULATED_LABEL, TENANT_LABEL
+from kestrel_sdk.v1 import placer_pb2
 from services.placer.lifecycle import FLAVOR_NODE_LABEL, GPU
 
 

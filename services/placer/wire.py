@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kestrel.v1 import common_pb2, events_pb2
+from kestrel_sdk.v1 import common_pb2, events_pb2
 from services.placer.core import AdmittedJob
 from services.placer.domain import RunwayView
 from services.placer.lifecycle import Derived

@@ -25,7 +25,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from kestrel import endpoints as ep
 from kestrel.clock import now_us as wall_us
-from kestrel.v1 import worker_pb2
+from kestrel_sdk.v1 import worker_pb2
 from services.worker.batching import BatchPolicy, Queued, plan_batch, ready, wait_left_us
 from services.worker.metrics import WorkerMetrics
 from services.worker.model import Embedded

@@ -17,7 +17,7 @@ from kestrel import cluster as kc
 from kestrel import kubework as kw
 from kestrel.devstack import port_map
 from kestrel.procs import ServiceProcess
-from kestrel.sdk import AsyncClient, Job, JobState
+from kestrel_sdk import AsyncClient, Job, JobState
 
 T = TypeVar("T")
 NAMES = ("meter", "gateway", "admission", "placer")

@@ -25,7 +25,7 @@ import pytest
 from kestrel import cluster as kc
 from kestrel import dockerd
 from kestrel import kubework as kw
-from kestrel.sdk import Client, JobState
+from kestrel_sdk import Client, JobState
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ import pytest
 from kestrel import cluster as kc
 from kestrel import prometheus
 from kestrel.procs import REPO
-from kestrel.sdk import AsyncClient, JobState
+from kestrel_sdk import AsyncClient, JobState
 from tests.e2e.loop import NAMES, Loop, in_state, plane_env, until
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from kestrel import cluster as kc
-from kestrel.sdk import AsyncClient, Endpoint, JobState, KestrelError
+from kestrel_sdk import AsyncClient, Endpoint, JobState, KestrelError
 from tests.e2e.loop import Loop, allocation, in_state, plane_env, until
 
 pytestmark = pytest.mark.e2e

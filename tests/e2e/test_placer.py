@@ -33,7 +33,7 @@ from kestrel import kubework as kw
 from kestrel.clock import now_us
 from kestrel.devstack import free_port
 from kestrel.procs import ServiceProcess
-from kestrel.v1 import (
+from kestrel_sdk.v1 import (
     common_pb2,
     events_pb2,
     gateway_pb2,

@@ -13,7 +13,7 @@ import pytest
 
 from kestrel import cluster as kc
 from kestrel import kubework as kw
-from kestrel.sdk import JobState
+from kestrel_sdk import JobState
 from tests.e2e.loop import Loop, allocation, in_state, plane_env, until, workload
 
 pytestmark = pytest.mark.e2e

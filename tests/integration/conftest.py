@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from kestrel.devstack import free_port
 from kestrel.procs import ServiceProcess
-from kestrel.v1 import gateway_pb2_grpc
+from kestrel_sdk.v1 import gateway_pb2_grpc
 from tests.conftest import Plane
 from tests.integration.endpoint_world import World, _create, make_tenant
 

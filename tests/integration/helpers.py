@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from kestrel import bus
-from kestrel.v1 import common_pb2, events_pb2
+from kestrel_sdk.v1 import common_pb2, events_pb2
 
 T = TypeVar("T")
 T0 = 1_700_000_000_000_000

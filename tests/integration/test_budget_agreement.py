@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from kestrel.db import create_pool, migrate
 from kestrel.pgroles import OWNER_ROLE
-from kestrel.v1 import common_pb2
 from kestrel.workloads import EventType
+from kestrel_sdk.v1 import common_pb2
 from services.admission.core import Admission
 from services.admission.domain import JobAsk
 from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS

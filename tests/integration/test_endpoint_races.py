@@ -24,7 +24,7 @@ from kestrel.clock import now_us
 from kestrel.db import migrate
 from kestrel.errors import NotFound
 from kestrel.pgroles import OWNER_ROLE
-from kestrel.v1 import common_pb2
+from kestrel_sdk.v1 import common_pb2
 from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
 from services.gateway.endpoint_store import EndpointStore
 from services.gateway.endpoints import Endpoints

@@ -14,12 +14,11 @@ from typing import Any
 import grpc
 import pytest
 
-import kestrel
-import kestrel.sdk
+import kestrel_sdk
 from kestrel import endpoints as ep
 from kestrel.clock import now_us
 from kestrel.devstack import free_port
-from kestrel.v1 import gateway_pb2, worker_pb2
+from kestrel_sdk.v1 import gateway_pb2, worker_pb2
 from tests.integration.endpoint_world import (
     BABY,
     BREAD,
@@ -72,7 +71,7 @@ async def test_infer_end_to_end_vectors_truncation_and_bad_input(world: World) -
 
     # The SDK: the same vectors, the endpoint in its own types.
     key = w.md[0][1].removeprefix("Bearer ")
-    async with kestrel.AsyncClient(w.plane.address("gateway"), api_key=key) as c:
+    async with kestrel_sdk.AsyncClient(w.plane.address("gateway"), api_key=key) as c:
         r = await c.infer(w.endpoint_id, [FOOD, long_text], priority="high", timeout_s=5)
         assert r.truncated == [1] and cos(r.embeddings[0], v[0]) > 0.9999
         assert [e.endpoint_id for e in await c.list_endpoints()] == [w.endpoint_id]
@@ -80,7 +79,7 @@ async def test_infer_end_to_end_vectors_truncation_and_bad_input(world: World) -
         assert (await c.get_endpoint(mine.endpoint_id)).name == "second"
         assert await c.delete_endpoint(mine.endpoint_id) is True
         assert await c.delete_endpoint(mine.endpoint_id) is False
-        with pytest.raises(kestrel.sdk.InvalidArgument):
+        with pytest.raises(kestrel_sdk.InvalidArgument):
             await c.infer(w.endpoint_id, [])
 
     bad = {

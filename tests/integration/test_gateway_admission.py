@@ -13,8 +13,14 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from kestrel.sdk import AsyncClient, Client
-from kestrel.v1 import admission_pb2, admission_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
+from kestrel_sdk import AsyncClient, Client
+from kestrel_sdk.v1 import (
+    admission_pb2,
+    admission_pb2_grpc,
+    common_pb2,
+    gateway_pb2,
+    gateway_pb2_grpc,
+)
 from tests.conftest import OPERATOR_TOKEN, Plane
 from tests.integration.helpers import eventually, publish_events, wev
 

@@ -13,7 +13,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from kestrel import bus
-from kestrel.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from kestrel_sdk.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import OPERATOR_TOKEN, Plane
 
 pytestmark = pytest.mark.integration

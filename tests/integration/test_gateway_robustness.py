@@ -16,9 +16,9 @@ import redis.asyncio as aioredis
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-import kestrel
-from kestrel.sdk import KestrelError
-from kestrel.v1 import gateway_pb2, gateway_pb2_grpc, meter_pb2, meter_pb2_grpc
+import kestrel_sdk
+from kestrel_sdk import KestrelError
+from kestrel_sdk.v1 import gateway_pb2, gateway_pb2_grpc, meter_pb2, meter_pb2_grpc
 from tests.conftest import OPERATOR_TOKEN, Plane
 
 pytestmark = pytest.mark.integration
@@ -84,7 +84,7 @@ async def _burst(plane: Plane, redis_url: str, calls: int, pause_ms: int,
     async with grpc.aio.insecure_channel(addr) as ch:
         stub = gateway_pb2_grpc.GatewayStub(ch)
         secrets = [await _tenant(stub, f"load-{t}") for t in range(tenants)]
-    clients = [kestrel.AsyncClient(addr, api_key=s, timeout_s=120) for s in secrets]
+    clients = [kestrel_sdk.AsyncClient(addr, api_key=s, timeout_s=120) for s in secrets]
     for c in clients:  # warm the gateway's key caches and channels
         await c.submit_job(name="warm", gpus=1, max_duration_s=60, flavor="gpu-h100")
     outcomes: Counter[str] = Counter()

@@ -27,7 +27,7 @@ from kestrel.db import migrate
 from kestrel.devstack import free_port
 from kestrel.pgroles import OWNER_ROLE
 from kestrel.procs import ServiceProcess
-from kestrel.v1 import common_pb2, events_pb2, meter_pb2, meter_pb2_grpc
+from kestrel_sdk.v1 import common_pb2, events_pb2, meter_pb2, meter_pb2_grpc
 from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
 
 pytestmark = pytest.mark.integration

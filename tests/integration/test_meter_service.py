@@ -17,7 +17,7 @@ from grpc_status import rpc_status
 
 from kestrel import bus
 from kestrel.procs import REPO, ServiceProcess
-from kestrel.v1 import meter_pb2, meter_pb2_grpc
+from kestrel_sdk.v1 import meter_pb2, meter_pb2_grpc
 from tests.integration.helpers import T0, eventually, publish_events, wev
 
 pytestmark = pytest.mark.integration

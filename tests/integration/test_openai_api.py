@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from kestrel import endpoints as ep
 from kestrel.clock import now_us
-from kestrel.v1 import gateway_pb2, worker_pb2
+from kestrel_sdk.v1 import gateway_pb2, worker_pb2
 from services.worker.model import find_files
 from tests.integration.endpoint_world import (
     BABY,

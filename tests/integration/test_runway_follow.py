@@ -13,7 +13,7 @@ import pytest
 from kestrel import bus, runway
 from kestrel.devstack import Stack
 from kestrel.runway import STREAM, Runways
-from kestrel.v1 import common_pb2, events_pb2
+from kestrel_sdk.v1 import common_pb2, events_pb2
 from tests.integration.helpers import eventually
 
 pytestmark = pytest.mark.integration

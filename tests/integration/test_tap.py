@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 async def test_tap_prints_each_message_as_one_decoded_json_line(clean_bus: str) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kestrel.cli", "tap", "kestrel.>", "--nats-url", clean_bus,
+        sys.executable, "-m", "kestrel_sdk.cli", "tap", "kestrel.>", "--nats-url", clean_bus,
         "--count", "2", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     lines: list[dict[str, object]] = []
     async with asyncio.timeout(30):
@@ -49,7 +49,7 @@ async def test_tap_stopped_with_ctrl_c_ends_quietly(clean_bus: str) -> None:
     # job's SIGINT is ignored); reset by env at exec, not by a preexec_fn, which would
     # fork this gRPC-using process (kestrel.procs).
     proc = await asyncio.create_subprocess_exec(
-        "env", "--default-signal=INT", sys.executable, "-m", "kestrel.cli", "tap",
+        "env", "--default-signal=INT", sys.executable, "-m", "kestrel_sdk.cli", "tap",
         "kestrel.workload.tapctl.>", "--nats-url", clean_bus, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     async with asyncio.timeout(30):

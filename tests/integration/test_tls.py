@@ -1,4 +1,4 @@
-"""Optional TLS (kestrel.tls): the gateway, admission and meter as real processes with
+"""Optional TLS (kestrel_sdk.tls): the gateway, admission and meter as real processes with
 certificates this test makes (openssl), mutual between services and toward clients.
 
 With KESTREL_TLS_CERT_FILE/KEY_FILE/CA_FILE set every server requires a client
@@ -16,8 +16,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kestrel.sdk import Client, KestrelError, Unavailable
-from kestrel.tls import CA, CERT, KEY, Tls
+from kestrel_sdk import Client, KestrelError, Unavailable
+from kestrel_sdk.tls import CA, CERT, KEY, Tls
 from tests.conftest import OPERATOR_TOKEN, Plane
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ import pytest
 
 from kestrel.errors import FailedPrecondition, NotFound
 from kestrel.jobs import JobRow
-from kestrel.v1 import common_pb2
 from kestrel.workloads import EventType
+from kestrel_sdk.v1 import common_pb2
 from services.admission.core import Admission, Outcome, Submission, WorkloadChange, waves
 from services.admission.domain import Decision, JobAsk, JobState, Policy, Ruling
 from services.admission.store import NewJob, Snapshot, SnapshotAsk, Transition

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from kestrel.v1 import common_pb2
+from kestrel_sdk.v1 import common_pb2
 from services.admission.consumers import Reevaluator, on_runway
 
 

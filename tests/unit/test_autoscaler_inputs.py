@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from kestrel.endpoints import Priority
-from kestrel.v1 import common_pb2
+from kestrel_sdk.v1 import common_pb2
 from services.autoscaler.inputs import (
     StreamReading,
     Windows,

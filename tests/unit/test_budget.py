@@ -1,4 +1,4 @@
-"""kestrel.budget: one computation for every runway figure."""
+"""kestrel_sdk.budget: one computation for every runway figure."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kestrel.budget import Hold, budget, remaining, spent, unspent
+from kestrel_sdk.budget import Hold, budget, remaining, spent, unspent
 
 D = Decimal
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from kestrel import checkfeed
 from kestrel.checkfeed import Inbox, Outbox
-from kestrel.v1 import events_pb2
+from kestrel_sdk.v1 import events_pb2
 from services.admission.kueue import RunwayCheckController
 from services.placer.core import CHECK_BEAT, CHECK_SYNC
 from services.placer.kube import WORKLOADS

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from kestrel.cli import _common, app
-from kestrel.cli.config import Config
-from kestrel.sdk import NotFound
+from kestrel_sdk import NotFound
+from kestrel_sdk.cli import _common, app
+from kestrel_sdk.cli.config import Config
 from tests.unit.test_sdk_cli import FakeClient
 
 runner = CliRunner(env={"COLUMNS": "200"})

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kestrel.cli import _common, app
-from kestrel.sdk import Endpoint, InferResult, NotFound
+from kestrel_sdk import Endpoint, InferResult, NotFound
+from kestrel_sdk.cli import _common, app
 
 runner = CliRunner(env={"COLUMNS": "200"})
 EP = Endpoint("ep-0123456789abcdef", "acme", "embed", "all-MiniLM-L6-v2", "cpu", 0, 1, 1, 1,

@@ -8,7 +8,7 @@ import pytest
 
 from kestrel.endpoints import Priority
 from kestrel.errors import InvalidArgument, Violations
-from kestrel.v1 import common_pb2, gateway_pb2, worker_pb2
+from kestrel_sdk.v1 import common_pb2, gateway_pb2, worker_pb2
 from services.gateway.endpoint_checks import check_endpoint_spec, check_infer, normalised_spec
 from services.gateway.infer import ReplyHub
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from kestrel import budget
-from kestrel.v1 import common_pb2
 from kestrel.workloads import CPU_FLAVOR, KWOK_DURATION_ANNOTATION
+from kestrel_sdk import budget
+from kestrel_sdk.v1 import common_pb2
 from services.admission.domain import Budget, JobAsk, Policy, Reservation, Ruling, decide
 from services.gateway.replicas import DEFAULT_HORIZON_S, replica_spec, units_of
 from services.placer import lifecycle, manifests

@@ -11,7 +11,7 @@ import pytest
 from kestrel import bus
 from kestrel.errors import Violations
 from kestrel.paging import after_int, after_str, decode_int_token, decode_token, encode_token
-from kestrel.v1 import common_pb2, events_pb2, gateway_pb2
+from kestrel_sdk.v1 import common_pb2, events_pb2, gateway_pb2
 from services.gateway.validation import MIN_RATE_PER_S, check_tenant
 
 Q: tuple[object, ...] = ("jobs", "acme", ())

@@ -21,7 +21,7 @@ from kestrel.errors import (
     to_status,
 )
 from kestrel.jobs import JobRow, JobState
-from kestrel.v1 import admission_pb2, common_pb2, meter_pb2, placer_pb2
+from kestrel_sdk.v1 import admission_pb2, common_pb2, meter_pb2, placer_pb2
 from services.gateway.core import Gateway, ProfileChange, changed
 from services.gateway.store import Profile
 

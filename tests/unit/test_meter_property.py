@@ -9,7 +9,7 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kestrel.money import row_cost
+from kestrel_sdk.money import row_cost
 from services.meter.domain import Allocation, AllocStatus, Event, EventType, Row, apply_events
 from services.meter.domain import tick as cut
 

@@ -22,7 +22,7 @@ from kestrel.errors import (
     Unauthenticated,
     Unavailable,
 )
-from kestrel.v1 import gateway_pb2
+from kestrel_sdk.v1 import gateway_pb2
 from services.gateway import openai_wire as wire
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kestrel.v1 import common_pb2, events_pb2
+from kestrel_sdk.v1 import common_pb2, events_pb2
 from services.placer.consumers import handle_admitted
 from services.placer.core import AdmittedJob
 

@@ -30,8 +30,8 @@ from kestrel.errors import (
     to_status,
 )
 from kestrel.grpcserver import DecodeGuard, Undecodable, lenient
-from kestrel.v1 import admission_pb2, gateway_pb2, meter_pb2, placer_pb2
 from kestrel.validation import DEFAULT_MAX_CHARS, check_strings, string_violations
+from kestrel_sdk.v1 import admission_pb2, gateway_pb2, meter_pb2, placer_pb2
 from services.admission.servicer import AdmissionServicer
 from services.gateway import ratelimit
 from services.gateway.servicer import GatewayServicer

@@ -8,7 +8,7 @@ import pytest
 
 from kestrel.checkfeed import WorkloadView, view
 from kestrel.jobs import JobRow, JobState
-from kestrel.v1 import common_pb2
+from kestrel_sdk.v1 import common_pb2
 from services.admission.kueue import RunwayCheckController, idle_wait_s
 from services.admission.runway_check import (
     CheckState,

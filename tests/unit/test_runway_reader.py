@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kestrel.runway import Runways
-from kestrel.v1 import common_pb2
+from kestrel_sdk.v1 import common_pb2
 
 
 def rw(tenant: str, seq: int, as_of_us: int, remaining: str = "1") -> common_pb2.Runway:

@@ -13,9 +13,7 @@ import grpc
 import pytest
 from typer.testing import CliRunner
 
-from kestrel.cli import _common, app, render
-from kestrel.cli import meter as cli_meter
-from kestrel.sdk import (
+from kestrel_sdk import (
     ApiKey,
     ApiKeyCreated,
     InvalidArgument,
@@ -28,7 +26,9 @@ from kestrel.sdk import (
     Unavailable,
     UsageRow,
 )
-from kestrel.v1 import common_pb2, meter_pb2
+from kestrel_sdk.cli import _common, app, render
+from kestrel_sdk.cli import meter as cli_meter
+from kestrel_sdk.v1 import common_pb2, meter_pb2
 
 runner = CliRunner(env={"COLUMNS": "200"})  # wide: rich wraps nothing
 T0 = 1_700_000_000_000_000
@@ -50,7 +50,7 @@ RUNWAY = Runway(tenant="acme", credits=Decimal("100"), charged=Decimal("0.5"),
 
 
 class FakeClient:
-    """Stands in for kestrel.Client; `calls` records (method, args, kwargs)."""
+    """Stands in for kestrel_sdk.Client; `calls` records (method, args, kwargs)."""
 
     address = "fake:0"
 

@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from kestrel.sdk import (
+from kestrel_sdk import (
     ApiKey,
     ApiKeyCreated,
     Job,
@@ -20,13 +20,13 @@ from kestrel.sdk import (
     UsageRow,
     to_jsonable,
 )
-from kestrel.sdk._convert import (
+from kestrel_sdk._convert import (
     create_tenant_request,
     list_jobs_request,
     money_text,
     submit_job_request,
 )
-from kestrel.v1 import common_pb2, gateway_pb2, meter_pb2
+from kestrel_sdk.v1 import common_pb2, gateway_pb2, meter_pb2
 
 T0 = 1_700_000_000_123_456
 
@@ -111,7 +111,7 @@ def test_a_fully_reserved_runway_carries_how_long_the_money_lasts() -> None:
         burn_per_s="0.05", runway_s=0.0, money_runway_s=200.0, free_to_reserve="0"))
     assert (r.runway_s, r.money_runway_s) == (0.0, 200.0)
     assert (r.free_to_reserve, r.unspent) == (Decimal(0), Decimal(10))
-    # An older server sends neither: the SDK computes them the same way (kestrel.budget).
+    # An older server sends neither: the SDK computes them the same way (kestrel_sdk.budget).
     old = Runway.from_pb(common_pb2.Runway(
         tenant="acme", credits="10", charged="2", reserved="9", remaining="-1",
         burn_per_s="0.5", runway_s=0.0))

@@ -12,7 +12,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from kestrel import errors as server_errors
-from kestrel.sdk import (
+from kestrel_sdk import (
     AlreadyExists,
     Client,
     FailedPrecondition,
@@ -27,7 +27,7 @@ from kestrel.sdk import (
     from_rpc_error,
     from_status,
 )
-from kestrel.sdk._common import Settings
+from kestrel_sdk._common import Settings
 
 
 class FakeRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc ships no types

@@ -1,5 +1,0 @@
-"""`python -m kestrel.cli`."""
-
-from kestrel.cli import main
-
-main()

@@ -1,0 +1,5 @@
+"""`python -m kestrel_sdk.cli`."""
+
+from kestrel_sdk.cli import main
+
+main()
