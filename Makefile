@@ -43,8 +43,8 @@ buf-breaking: setup ## Compare proto/ with main (skipped while main has no proto
 	else echo "buf-breaking: main has no protos yet, skipped"; fi
 
 lint: setup proto-check console-check buf-lint buf-breaking prom-lint compose-check ## ruff, mypy, import contracts, buf lint, buf breaking, fresh stubs, alert rules, docker-compose.yml
-	$(PY) -m ruff check kestrel sdk/python services tests bench
-	$(PY) -m mypy kestrel sdk/python/kestrel_sdk services tests bench
+	$(PY) -m ruff check kestrel kestrel_tools sdk/python services tests bench
+	$(PY) -m mypy kestrel kestrel_tools sdk/python/kestrel_sdk services tests bench
 	lint-imports  # pyproject [tool.importlinter]: services on the runtime alone, never each other
 
 prom-lint: setup ## promtool: the alert rules are valid and pass their unit tests
@@ -70,7 +70,7 @@ test: setup lint grpcurl ## Lint, then every test tier (the slowest 15 listed: w
 
 # With --keep the demo leaves the operator console running too: build it first.
 demo: setup $(if $(findstring --keep,$(DEMO_ARGS)),console-deps console/.next/BUILD_ID) ## Bring up the stack and run the main scenario, ending with a summary table
-	$(PY) -m kestrel.demo $(DEMO_ARGS)
+	$(PY) -m kestrel_tools.demo $(DEMO_ARGS)
 
 bench-meter: setup ## Ledger ingestion and runway latency vs the bare pipeline of this machine
 	$(PY) -m bench.meter $(BENCH_ARGS)
@@ -104,13 +104,13 @@ sim-autoscale: setup ## Autoscaler scenarios replayed through its core (simulate
 	$(PY) -m bench.autoscale_sim --out reports/sim-autoscale $(SIM_ARGS)
 
 up: setup grpcurl ## Run the plane for people: devstack + meter, gateway, admission (+ placer)
-	$(PY) -m kestrel.plane up
+	$(PY) -m kestrel_tools.plane up
 
 down: ## Stop what `make up` started
-	$(PY) -m kestrel.plane down
+	$(PY) -m kestrel_tools.plane down
 
 status: ## Is the plane serving?
-	$(PY) -m kestrel.plane status
+	$(PY) -m kestrel_tools.plane status
 
 grpcurl: setup ## Build the pinned grpcurl (cached) into .venv/bin
 	@cluster/build.sh grpcurl >/dev/null && \
@@ -121,7 +121,7 @@ helm: setup ## Build the pinned helm (cached) into .venv/bin
 	  ln -sf $(HOME)/.cache/kestrel/bin/helm-$(HELM_VERSION) .venv/bin/helm
 
 helm-check: setup helm ## The chart: lint, template, server-side dry run, install on the real node, helm test, upgrade, rollback
-	$(PY) -m kestrel.helmcheck $(HELM_CHECK_ARGS)
+	$(PY) -m kestrel_tools.helmcheck $(HELM_CHECK_ARGS)
 
 compose: setup ## Build Compose v2 (cached) and install it as the docker CLI plugin
 	$(PY) -c "from kestrel import dockerd; dockerd.compose_plugin()"
@@ -130,7 +130,7 @@ compose-check: compose ## docker-compose.yml is valid (docker compose config)
 	docker compose config --quiet && echo "compose: docker-compose.yml valid"
 
 compose-up: setup compose ## The whole stack in containers: engine, image, local cluster, then up --wait
-	$(PY) -m kestrel.dockerd images
+	$(PY) -m kestrel_tools.dockerd images
 	PY=$(PY) cluster/up
 	docker compose up -d --wait
 	docker compose ps
@@ -139,13 +139,13 @@ compose-down: ## Stop it (the stores' volumes stay; `docker compose down -v` dro
 	docker compose down
 
 devstack-up: setup ## Start Postgres, NATS, Redis on loopback (.run/devstack)
-	$(PY) -m kestrel.devstack up
+	$(PY) -m kestrel_tools.devstack up
 
 devstack-down: ## Stop them
-	$(PY) -m kestrel.devstack down
+	$(PY) -m kestrel_tools.devstack down
 
 devstack-status:
-	$(PY) -m kestrel.devstack status
+	$(PY) -m kestrel_tools.devstack status
 
 clean: devstack-down
 	rm -rf .run

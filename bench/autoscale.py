@@ -35,10 +35,10 @@ import asyncpg
 from rich.console import Console
 from rich.table import Table
 
-from kestrel import cluster
-from kestrel.devstack import Stack, port_map
-from kestrel.procs import REPO, ServiceProcess
 from kestrel_sdk import AsyncClient, Endpoint, KestrelError
+from kestrel_tools import cluster
+from kestrel_tools.devstack import Stack, port_map
+from kestrel_tools.procs import REPO, ServiceProcess
 
 console = Console(stderr=True)
 TOKEN = "kso_bench-autoscale"

@@ -29,7 +29,7 @@ RESOURCE_EXHAUSTED, ABORTED) within its deadline: INTERNAL, UNKNOWN or a call
 that outlives its deadline by a second counts against the fault.
 
 The control plane runs two kube-apiservers sharing one address (--apiservers 2, the
-default: an HA control plane, kestrel.cluster.start_apiserver_replica), and the fault
+default: an HA control plane, kestrel_tools.cluster.start_apiserver_replica), and the fault
 kills one. With --apiservers 1 the kill is a whole control-plane outage: recovery is
 then bounded by Kueue's client-go reflectors, which double their wait from 0.8 s with
 each refused try (README, Reliability).
@@ -68,11 +68,12 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import account
-from kestrel import bus, cluster, kubework
-from kestrel.devstack import Stack, port_map
-from kestrel.procs import ServiceProcess
+from kestrel import bus
 from kestrel.workloads import JOB_ID_LABEL, EventType
 from kestrel_sdk import AsyncClient, JobState, KestrelError
+from kestrel_tools import cluster, kubework
+from kestrel_tools.devstack import Stack, port_map
+from kestrel_tools.procs import ServiceProcess
 
 console = Console(stderr=True)
 TOKEN = "kso_chaos"

@@ -1,6 +1,6 @@
 """make cluster-check: the data plane's acceptance check and bare-Kueue baseline.
 
-1. Brings the cluster up if needed (kestrel.cluster.ensure_cluster). Idle resident
+1. Brings the cluster up if needed (kestrel_tools.cluster.ensure_cluster). Idle resident
    memory of the data plane processes (etcd, kube-apiserver, kube-controller-manager,
    kube-scheduler, kwok-controller, kueue) is taken after the checks, with no jobs.
 2. Quota checks against real Kueue: in a tenant ClusterQueue with 8 H100 GPUs, an
@@ -41,8 +41,8 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kestrel import cluster as kc
-from kestrel import kubework as kw
+from kestrel_tools import cluster as kc
+from kestrel_tools import kubework as kw
 
 WAIT_S = 300.0
 

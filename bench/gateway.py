@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import account
-from kestrel.devstack import Stack, port_map
-from kestrel.procs import REPO, ServiceProcess
 from kestrel_sdk.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from kestrel_tools.devstack import Stack, port_map
+from kestrel_tools.procs import REPO, ServiceProcess
 
 console = Console(stderr=True)
 TOKEN = "kso_bench-operator"

@@ -40,13 +40,13 @@ from rich.table import Table
 
 import kestrel_sdk
 from bench.texts import sentences
-from kestrel import cluster
-from kestrel.devstack import Stack, port_map
 from kestrel.endpoints import units_of
-from kestrel.procs import REPO, ServiceProcess
 from kestrel.workloads import CPU_FLAVOR
 from kestrel_sdk import KestrelError
 from kestrel_sdk.v1 import common_pb2
+from kestrel_tools import cluster
+from kestrel_tools.devstack import Stack, port_map
+from kestrel_tools.procs import REPO, ServiceProcess
 from services.worker.model import Embedder, load
 
 console = Console(stderr=True)

@@ -22,7 +22,7 @@
 5. The no-op check again, after the plane's services and Jobs are gone.
 
 Before each of the four measured phases the Kueue manager is restarted and the
-machine left to settle (kestrel.cluster.restart_kueue says why): otherwise a
+machine left to settle (kestrel_tools.cluster.restart_kueue says why): otherwise a
 phase could inherit Kueue's 6-minute flush of the event series that earlier
 phases' namespace deletions left behind, and with it a stall of up to a minute.
 
@@ -53,10 +53,10 @@ from rich.table import Table
 from bench import account, apiprof
 from bench.cluster_check import bench as kueue_direct
 from bench.cluster_check import steady_rate
-from kestrel import cluster, kubework
-from kestrel.devstack import Stack, port_map
-from kestrel.procs import REPO, ServiceProcess
 from kestrel_sdk import AsyncClient, JobState
+from kestrel_tools import cluster, kubework
+from kestrel_tools.devstack import Stack, port_map
+from kestrel_tools.procs import REPO, ServiceProcess
 
 console = Console(stderr=True)
 TOKEN = "kso_bench-jobs"

@@ -33,9 +33,9 @@ from rich.table import Table
 from bench import account
 from kestrel import bus
 from kestrel.clock import now_us
-from kestrel.devstack import Stack, free_ports
-from kestrel.procs import REPO, ServiceProcess
 from kestrel_sdk.v1 import common_pb2, events_pb2
+from kestrel_tools.devstack import Stack, free_ports
+from kestrel_tools.procs import REPO, ServiceProcess
 
 console = Console(stderr=True)
 FLAVORS = ["gpu-h100", "gpu-a10"]

@@ -32,9 +32,9 @@ from rich.table import Table
 
 from bench import account
 from bench.gateway import TOKEN, open_loop, pct, submit_path
-from kestrel.devstack import Stack
-from kestrel.procs import REPO
 from kestrel_sdk.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from kestrel_tools.devstack import Stack
+from kestrel_tools.procs import REPO
 
 console = Console(stderr=True)
 OP = (("authorization", f"Bearer {TOKEN}"),)

@@ -216,7 +216,7 @@ build_helm() {
         helm.sh/helm/v3/internal/version.version
 }
 
-build_compose() {  # the docker CLI plugin (kestrel/dockerd.py installs it)
+build_compose() {  # the docker CLI plugin (kestrel_tools/dockerd.py installs it)
     build_tool docker-compose "$COMPOSE_VERSION" github.com/docker/compose/v2/cmd \
         github.com/docker/compose/v2/internal.Version
 }

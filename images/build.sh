@@ -216,7 +216,7 @@ EOF
 SERVICES="gateway admission placer meter autoscaler worker"
 
 app_inputs() { # the git-tracked (and untracked, not ignored) project files the app layer holds
-    (cd "$ROOT" && git ls-files -co --exclude-standard -- kestrel sdk/python/kestrel_sdk services deploy/prometheus/rules pyproject.toml |
+    (cd "$ROOT" && git ls-files -co --exclude-standard -- kestrel kestrel_tools sdk/python/kestrel_sdk services deploy/prometheus/rules pyproject.toml |
         grep -v -e '__pycache__' -e '\.egg-info/' | LC_ALL=C sort)
 }
 

@@ -1,5 +1,7 @@
 """Kestrel's server runtime: the library the services share (bus, db, errors, grpcserver,
-runway, workloads, ...), plus the local-development tooling (cluster, devstack, plane, demo).
+runway, workloads, ...). Nothing here imports the local-development and operations
+tooling (`kestrel_tools`: the local cluster, devstack, plane, demo, helm and compose
+checks) or a service.
 
 The tenant SDK and CLI are their own distribution, `kestrel-sdk` (sdk/python), imported as
 `kestrel_sdk`; it also ships the generated stubs (`kestrel_sdk.v1`) and the contract's

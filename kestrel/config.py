@@ -46,7 +46,7 @@ def local_kubeconfig() -> Path:
 
 
 def local_image_record() -> Path:
-    """Where the local CPU node records the images it runs (kestrel.cluster.node
+    """Where the local CPU node records the images it runs (kestrel_tools.cluster.node
     writes it: {"kestrel": {"ref": ...}, "pause": {...}})."""
     return local_cluster_dir() / "node" / "images.json"
 

@@ -8,7 +8,7 @@ superuser, not a member of the owner, and holds only the grants its component's
 migrations give it (`*_roles.sql`): SELECT, INSERT on the tables it writes, UPDATE
 only on mutable projections. Operators read through `kestrel_reader` (SELECT only).
 
-No dependencies: kestrel.devstack imports it without asyncpg or NATS.
+No dependencies: kestrel_tools.devstack imports it without asyncpg or NATS.
 """
 
 from __future__ import annotations

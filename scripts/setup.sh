@@ -60,7 +60,7 @@ if [ -n "$node_pkgs" ]; then
   (systemctl disable --now containerd >/dev/null 2>&1 || service containerd stop >/dev/null 2>&1) || true
 fi
 
-# docker-compose.yml's engine (kestrel.dockerd starts it with its own data root when
+# docker-compose.yml's engine (kestrel_tools.dockerd starts it with its own data root when
 # none answers): Debian's docker.io. Compose v2 is built from the Go module registry
 # (cluster/build.sh compose) on first use: Debian has only v1.
 if ! command -v dockerd >/dev/null 2>&1 && [ ! -x /usr/sbin/dockerd ]; then

@@ -16,9 +16,9 @@ import asyncpg
 import pytest
 
 from kestrel import bus
-from kestrel.devstack import SUPERUSER, Stack, free_port, port_map
 from kestrel.pgroles import OWNER_ROLE
-from kestrel.procs import ServiceProcess
+from kestrel_tools.devstack import SUPERUSER, Stack, free_port, port_map
+from kestrel_tools.procs import ServiceProcess
 
 
 @pytest.fixture(scope="session")

@@ -40,9 +40,9 @@ sys.path.insert(0, str(REPO))
 import grpc  # noqa: E402
 
 from kestrel import bus  # noqa: E402
-from kestrel.devstack import Stack, port_map  # noqa: E402
-from kestrel.procs import ServiceProcess  # noqa: E402
 from kestrel_sdk.v1 import common_pb2, events_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from kestrel_tools.devstack import Stack, port_map  # noqa: E402
+from kestrel_tools.procs import ServiceProcess  # noqa: E402
 
 PRICES = "gpu-h100=0.01,gpu-a10=0.001"
 ADMITTED, FINISHED = 1, 3

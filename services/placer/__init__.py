@@ -7,7 +7,7 @@ job, on the flavor its runway allows; WorkloadEvents from Kueue's timestamps.
 Environment (all optional):
 
 - KESTREL_NATS_URL, KESTREL_POSTGRES_DSN     where the bus and the database are
-- KESTREL_KUBECONFIG                          default: kestrel.cluster's kubeconfig
+- KESTREL_KUBECONFIG                          default: kestrel_tools.cluster's kubeconfig
 - KESTREL_BIND_HOST (127.0.0.1), KESTREL_PLACER_PORT (50054)
 - KESTREL_PLACER_METRICS_PORT (9154; 0 disables /metrics)
 - KESTREL_RUNWAY_CHECK (kestrel-runway; empty: ClusterQueues without an AdmissionCheck)

@@ -87,7 +87,7 @@ def standin_env(base: Mapping[str, str], s: StandIn, redis_url: str) -> dict[str
 
 async def spawn_worker(s: StandIn, redis_url: str) -> asyncio.subprocess.Process:
     # PDEATHSIG set by setpriv, not by a preexec_fn: that would make this a fork() of a
-    # gRPC server, which can crash the child (kestrel.procs).
+    # gRPC server, which can crash the child (kestrel_tools.procs).
     return await asyncio.create_subprocess_exec(
         *die_with_parent("TERM"), sys.executable, "-m", "services.worker", cwd=str(REPO),
         env=standin_env(os.environ, s, redis_url), stdin=asyncio.subprocess.DEVNULL)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kestrel import cluster as kc
+from kestrel_tools import cluster as kc
 
 
 @pytest.fixture(scope="session")

@@ -13,11 +13,11 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from kestrel import cluster as kc
-from kestrel import kubework as kw
-from kestrel.devstack import port_map
-from kestrel.procs import ServiceProcess
 from kestrel_sdk import AsyncClient, Job, JobState
+from kestrel_tools import cluster as kc
+from kestrel_tools import kubework as kw
+from kestrel_tools.devstack import port_map
+from kestrel_tools.procs import ServiceProcess
 
 T = TypeVar("T")
 NAMES = ("meter", "gateway", "admission", "placer")

@@ -15,10 +15,10 @@ import pytest
 from nats.js.api import DeliverPolicy
 
 from kestrel import bus
-from kestrel import cluster as kc
-from kestrel.devstack import free_port
 from kestrel_sdk import AsyncClient, Endpoint, KestrelError
 from kestrel_sdk.v1 import autoscaler_pb2, autoscaler_pb2_grpc, events_pb2
+from kestrel_tools import cluster as kc
+from kestrel_tools.devstack import free_port
 from tests.e2e.loop import Loop, plane_env, until
 
 pytestmark = pytest.mark.e2e

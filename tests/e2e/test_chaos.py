@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench import chaos
-from kestrel import cluster as kc
+from kestrel_tools import cluster as kc
 
 pytestmark = pytest.mark.e2e
 

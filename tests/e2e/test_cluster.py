@@ -1,6 +1,6 @@
 """End-to-end: the real data plane (kube-apiserver + Kueue + KWOK GPU pool).
 
-Every test drives the genuine apiserver and Kueue started by kestrel.cluster; only the
+Every test drives the genuine apiserver and Kueue started by kestrel_tools.cluster; only the
 GPU nodes and their pods are simulated (KWOK). No assertion is about wall-clock speed:
 waits are bounded only so a broken cluster fails instead of hanging.
 """
@@ -17,8 +17,8 @@ from typing import Any, cast
 
 import pytest
 
-from kestrel import cluster as kc
-from kestrel import kubework as kw
+from kestrel_tools import cluster as kc
+from kestrel_tools import kubework as kw
 
 pytestmark = pytest.mark.e2e
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from kestrel import cluster as kc
-from kestrel import dockerd
-from kestrel import kubework as kw
 from kestrel_sdk import Client, JobState
+from kestrel_tools import cluster as kc
+from kestrel_tools import dockerd
+from kestrel_tools import kubework as kw
 
 pytestmark = pytest.mark.e2e
 
@@ -100,7 +100,7 @@ def _ps() -> list[dict[str, str]]:
 
 def _token() -> str:
     proc = subprocess.run(["docker", "compose", "exec", "-T", "gateway", "python", "-m",
-                           "kestrel.containers", "env"], cwd=REPO,
+                           "kestrel_tools.containers", "env"], cwd=REPO,
                           env={**os.environ, **_env()}, capture_output=True, text=True,
                           check=True, timeout=60)
     env = dict(line.removeprefix("export ").split("=", 1) for line in proc.stdout.splitlines())

@@ -18,8 +18,8 @@ from typing import Any, cast
 
 import pytest
 
-from kestrel import cluster as kc
-from kestrel import kubework as kw
+from kestrel_tools import cluster as kc
+from kestrel_tools import kubework as kw
 
 pytestmark = [
     pytest.mark.e2e,

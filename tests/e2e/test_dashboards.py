@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from kestrel import cluster as kc
-from kestrel import prometheus
-from kestrel.procs import REPO
 from kestrel_sdk import AsyncClient, JobState
+from kestrel_tools import cluster as kc
+from kestrel_tools import prometheus
+from kestrel_tools.procs import REPO
 from tests.e2e.loop import NAMES, Loop, in_state, plane_env, until
 
 pytestmark = pytest.mark.e2e

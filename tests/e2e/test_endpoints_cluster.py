@@ -15,8 +15,8 @@ import asyncpg
 import grpc
 import pytest
 
-from kestrel import cluster as kc
 from kestrel_sdk import AsyncClient, Endpoint, JobState, KestrelError
+from kestrel_tools import cluster as kc
 from tests.e2e.loop import Loop, allocation, in_state, plane_env, until
 
 pytestmark = pytest.mark.e2e

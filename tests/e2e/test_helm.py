@@ -1,6 +1,6 @@
 """End-to-end: the Helm chart (deploy/helm/kestrel) on the local cluster's real node.
 
-kestrel.helmcheck lints and renders the chart, has the live apiserver validate every
+kestrel_tools.helmcheck lints and renders the chart, has the live apiserver validate every
 object (server-side dry run), installs it on kestrel-cpu-0 with values-local.yaml,
 runs `helm test` (every service healthy, one job submitted and metered), upgrades a
 value and rolls back. The release is then inspected as installed: least privilege
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from kestrel import cluster as kc
-from kestrel import helmcheck
+from kestrel_tools import cluster as kc
+from kestrel_tools import helmcheck
 
 pytestmark = pytest.mark.e2e
 
@@ -56,7 +56,7 @@ def test_the_chart_installs_passes_its_test_upgrades_and_rolls_back(
     assert installed.lint
     assert installed.dry_run
     assert (installed.ready, installed.total) == (5, 5)
-    assert installed.test, "helm test (kestrel.smoke) failed"
+    assert installed.test, "helm test (kestrel_tools.smoke) failed"
     assert installed.upgrade
     assert installed.rollback
     assert installed.ok

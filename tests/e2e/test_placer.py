@@ -28,11 +28,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
 from kestrel import bus
-from kestrel import cluster as kc
-from kestrel import kubework as kw
 from kestrel.clock import now_us
-from kestrel.devstack import free_port
-from kestrel.procs import ServiceProcess
 from kestrel_sdk.v1 import (
     common_pb2,
     events_pb2,
@@ -41,6 +37,10 @@ from kestrel_sdk.v1 import (
     placer_pb2,
     placer_pb2_grpc,
 )
+from kestrel_tools import cluster as kc
+from kestrel_tools import kubework as kw
+from kestrel_tools.devstack import free_port
+from kestrel_tools.procs import ServiceProcess
 from services.gateway.store import GatewayStore
 from services.meter.store import MeterStore
 from services.placer.core import AdmittedJob, Placer, PlacerSettings

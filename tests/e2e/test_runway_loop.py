@@ -11,9 +11,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from kestrel import cluster as kc
-from kestrel import kubework as kw
 from kestrel_sdk import JobState
+from kestrel_tools import cluster as kc
+from kestrel_tools import kubework as kw
 from tests.e2e.loop import Loop, allocation, in_state, plane_env, until, workload
 
 pytestmark = pytest.mark.e2e

@@ -9,9 +9,9 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 
-from kestrel.devstack import free_port
-from kestrel.procs import ServiceProcess
 from kestrel_sdk.v1 import gateway_pb2_grpc
+from kestrel_tools.devstack import free_port
+from kestrel_tools.procs import ServiceProcess
 from tests.conftest import Plane
 from tests.integration.endpoint_world import World, _create, make_tenant
 

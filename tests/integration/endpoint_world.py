@@ -14,8 +14,8 @@ import redis.asyncio as aioredis
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from kestrel.procs import ServiceProcess
 from kestrel_sdk.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from kestrel_tools.procs import ServiceProcess
 from tests.conftest import OPERATOR_TOKEN, Plane
 
 Md = tuple[tuple[str, str], ...]

@@ -12,7 +12,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from kestrel import bus, natsauth
-from kestrel.devstack import Stack
+from kestrel_tools.devstack import Stack
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,6 @@ import pytest
 
 from kestrel.config import Stores
 from kestrel.db import migrate, migrate_component
-from kestrel.devstack import Stack
 from kestrel.migrate import directory as migrations_of
 from kestrel.pgroles import (
     LOGIN_ROLES,
@@ -31,6 +30,7 @@ from kestrel.pgroles import (
     SERVICE_ROLES,
     adopt_database_sql,
 )
+from kestrel_tools.devstack import Stack
 from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
 from services.gateway.store import MIGRATIONS as GATEWAY_MIGRATIONS
 from services.meter.domain import Event, EventType

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kestrel.devstack import Stack
-from kestrel.procs import REPO
+from kestrel_tools.devstack import Stack
+from kestrel_tools.procs import REPO
 
 pytestmark = pytest.mark.integration
 
@@ -57,10 +57,10 @@ def test_up_names_the_component_it_found_dead_and_restarted(stack: Stack) -> Non
     assert again["postgres"] == f"postgres is running (pid {stack.pids['postgres']}): reused"
     assert again["redis"] == f"redis is running (pid {stack.pids['redis']}): reused"
 
-    # `python -m kestrel.devstack up` (what `make devstack-up` runs) prints the same lines.
+    # `python -m kestrel_tools.devstack up` (what `make devstack-up` runs) prints the same lines.
     gone = stack.pids["postgres"]
     kill9(gone)
-    out = subprocess.run([sys.executable, "-m", "kestrel.devstack", "up", "--dir",
+    out = subprocess.run([sys.executable, "-m", "kestrel_tools.devstack", "up", "--dir",
                           str(stack.root)], capture_output=True, text=True, cwd=REPO,
                          timeout=120)
     assert out.returncode == 0, out.stderr

@@ -17,8 +17,8 @@ import pytest
 import kestrel_sdk
 from kestrel import endpoints as ep
 from kestrel.clock import now_us
-from kestrel.devstack import free_port
 from kestrel_sdk.v1 import gateway_pb2, worker_pb2
+from kestrel_tools.devstack import free_port
 from tests.integration.endpoint_world import (
     BABY,
     BREAD,

@@ -59,7 +59,6 @@ from nats.js.api import DeliverPolicy
 from kestrel import bus
 from kestrel.grpcserver import Server
 from kestrel.paging import encode_token
-from kestrel.tap import render
 from kestrel_sdk.v1 import (
     admission_pb2,
     autoscaler_pb2,
@@ -73,6 +72,7 @@ from kestrel_sdk.v1 import (
     placer_pb2_grpc,
     worker_pb2,
 )
+from kestrel_tools.tap import render
 from services.autoscaler.servicer import AutoscalerServicer
 from services.placer.servicer import PlacerServicer
 from tests.conftest import OPERATOR_TOKEN, Plane

@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from kestrel.clock import now_us
-from kestrel.procs import ServiceProcess
+from kestrel_tools.procs import ServiceProcess
 from tests.integration.helpers import eventually, publish_events, wev
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

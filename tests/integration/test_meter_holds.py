@@ -24,10 +24,10 @@ from nats.js.client import JetStreamContext
 from kestrel import bus
 from kestrel.clock import now_us
 from kestrel.db import migrate
-from kestrel.devstack import free_port
 from kestrel.pgroles import OWNER_ROLE
-from kestrel.procs import ServiceProcess
 from kestrel_sdk.v1 import common_pb2, events_pb2, meter_pb2, meter_pb2_grpc
+from kestrel_tools.devstack import free_port
+from kestrel_tools.procs import ServiceProcess
 from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
 from kestrel import bus
-from kestrel.procs import REPO, ServiceProcess
 from kestrel_sdk.v1 import meter_pb2, meter_pb2_grpc
+from kestrel_tools.procs import REPO, ServiceProcess
 from tests.integration.helpers import T0, eventually, publish_events, wev
 
 pytestmark = pytest.mark.integration

@@ -18,10 +18,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kestrel.cluster.processes import _proc_cmdline, pid_alive, runs, spawn_daemon
-from kestrel.devstack import free_port
-from kestrel.procs import REPO, ServiceProcess, as_user
 from kestrel.service import die_with_parent
+from kestrel_tools.cluster.processes import _proc_cmdline, pid_alive, runs, spawn_daemon
+from kestrel_tools.devstack import free_port
+from kestrel_tools.procs import REPO, ServiceProcess, as_user
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The Prometheus configuration kestrel.prometheus generates, and the dashboards'
+"""The Prometheus configuration kestrel_tools.prometheus generates, and the dashboards'
 shape, checked by promtool and without a cluster (the live check of every panel is
 tests/e2e/test_dashboards.py)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from kestrel import prometheus
-from kestrel.procs import REPO
+from kestrel_tools import prometheus
+from kestrel_tools.procs import REPO
 from tests.e2e.test_dashboards import DASHBOARDS, concrete, panel_queries
 
 

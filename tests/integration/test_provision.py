@@ -1,4 +1,4 @@
-"""python -m kestrel.provision: what an operator applies to existing Postgres and NATS
+"""python -m kestrel_tools.provision: what an operator applies to existing Postgres and NATS
 servers, applied here to the test session's real ones."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import asyncpg
 import nats
 import pytest
 
-from kestrel.devstack import SUPERUSER, Stack, _nats_bin, _pg_bin, free_ports
 from kestrel.pgroles import SERVICE_ROLES, provision_roles_sql
+from kestrel_tools.devstack import SUPERUSER, Stack, _nats_bin, _pg_bin, free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ async def test_the_sql_makes_roles_a_database_and_the_services_log_in_with_their
     database = f"prov_{uuid.uuid4().hex[:8]}"
     out = tmp_path / "stores"
     made = await asyncio.to_thread(subprocess.run, [
-        sys.executable, "-m", "kestrel.provision", "--postgres-host", "127.0.0.1",
+        sys.executable, "-m", "kestrel_tools.provision", "--postgres-host", "127.0.0.1",
         "--postgres-port", str(stack.pg_port), "--database", database,
         "--nats-host", "127.0.0.1", "--nats-port", str(stack.nats_port),
         "--redis-url", stack.redis_url, "--out", str(out)],
@@ -62,7 +62,7 @@ async def test_the_sql_makes_roles_a_database_and_the_services_log_in_with_their
             "-c", f"DROP DATABASE IF EXISTS {database} WITH (FORCE)"],
             capture_output=True, text=True, check=True, timeout=60)
     again = await asyncio.to_thread(subprocess.run, [
-        sys.executable, "-m", "kestrel.provision", "--postgres-host", "h", "--nats-host", "n",
+        sys.executable, "-m", "kestrel_tools.provision", "--postgres-host", "h", "--nats-host", "n",
         "--redis-url", "redis://r", "--out", str(out)],
         capture_output=True, text=True, check=False, timeout=60)
     assert again.returncode == 1 and "nothing written" in again.stderr
@@ -70,7 +70,7 @@ async def test_the_sql_makes_roles_a_database_and_the_services_log_in_with_their
 
 async def test_a_nats_server_given_the_users_block_lets_each_service_in_as_itself(
         tmp_path: Path) -> None:
-    from kestrel import provision
+    from kestrel_tools import provision
 
     port, monitor = free_ports(2)
     made = provision.files("db", 5432, "kestrel", "127.0.0.1", port, "redis://r")

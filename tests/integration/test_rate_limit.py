@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from kestrel.devstack import Stack
+from kestrel_tools.devstack import Stack
 from services.gateway.ratelimit import RateLimiter, connect
 
 

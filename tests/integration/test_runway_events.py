@@ -11,8 +11,8 @@ from nats.js.api import DeliverPolicy
 
 from kestrel import bus
 from kestrel.clock import now_us
-from kestrel.procs import ServiceProcess
 from kestrel_sdk.v1 import events_pb2, meter_pb2, meter_pb2_grpc
+from kestrel_tools.procs import ServiceProcess
 from tests.integration.helpers import publish_events, wev
 
 pytestmark = pytest.mark.integration

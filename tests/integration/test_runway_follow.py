@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from kestrel import bus, runway
-from kestrel.devstack import Stack
 from kestrel.runway import STREAM, Runways
 from kestrel_sdk.v1 import common_pb2, events_pb2
+from kestrel_tools.devstack import Stack
 from tests.integration.helpers import eventually
 
 pytestmark = pytest.mark.integration

@@ -20,9 +20,9 @@ from kestrel import bus
 from kestrel.clock import now_us
 from kestrel.db import migrate
 from kestrel.pgroles import OWNER_ROLE
-from kestrel.procs import ServiceProcess
 from kestrel_sdk import AsyncClient, JobState, Runway
 from kestrel_sdk.v1 import common_pb2, events_pb2, meter_pb2, meter_pb2_grpc
+from kestrel_tools.procs import ServiceProcess
 from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
 from tests.conftest import OPERATOR_TOKEN, Plane
 from tests.integration.helpers import eventually, publish_events, wev

@@ -47,7 +47,7 @@ async def test_tap_stopped_with_ctrl_c_ends_quietly(clean_bus: str) -> None:
     # pipe could not see the signal).
     # Ctrl-C as at a terminal, whatever the runner of the suite ignores (a background
     # job's SIGINT is ignored); reset by env at exec, not by a preexec_fn, which would
-    # fork this gRPC-using process (kestrel.procs).
+    # fork this gRPC-using process (kestrel_tools.procs).
     proc = await asyncio.create_subprocess_exec(
         "env", "--default-signal=INT", sys.executable, "-m", "kestrel_sdk.cli", "tap",
         "kestrel.workload.tapctl.>", "--nats-url", clean_bus, stdout=asyncio.subprocess.PIPE,

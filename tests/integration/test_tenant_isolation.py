@@ -37,10 +37,10 @@ import grpc
 import pytest
 
 from kestrel import bus
-from kestrel.devstack import free_port
 from kestrel.paging import encode_token
-from kestrel.procs import ServiceProcess
 from kestrel_sdk.v1 import common_pb2, events_pb2, gateway_pb2, gateway_pb2_grpc
+from kestrel_tools.devstack import free_port
+from kestrel_tools.procs import ServiceProcess
 from services.gateway.callers import CACHE_S
 from tests.conftest import OPERATOR_TOKEN, Plane
 from tests.integration.helpers import eventually

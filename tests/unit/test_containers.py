@@ -1,4 +1,4 @@
-"""What each container of docker-compose.yml is given (kestrel.containers)."""
+"""What each container of docker-compose.yml is given (kestrel_tools.containers)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kestrel import containers
 from kestrel.pgroles import LOGIN_ROLES
+from kestrel_tools import containers
 
 
 def test_provision_makes_the_secrets_once_and_keeps_them(tmp_path: Path) -> None:

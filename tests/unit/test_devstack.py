@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kestrel.devstack import PUBLIC_PG_DIR, Stack, port_map
+from kestrel_tools.devstack import PUBLIC_PG_DIR, Stack, port_map
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="Postgres drops privileges only as root")
 

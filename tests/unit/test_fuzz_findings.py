@@ -105,7 +105,7 @@ def test_the_dead_letter_stream_is_one_of_the_kestrel_streams() -> None:
 def test_tap_shows_a_dead_letter_with_its_origin_and_reason() -> None:
     import json
 
-    from kestrel.tap import render
+    from kestrel_tools.tap import render
 
     msg = FakeMsg(b"\xff\x00", {bus.DEADLETTER_SUBJECT_HEADER: "kestrel.workload.a.admitted",
                                 bus.DEADLETTER_REASON_HEADER: "does not decode",

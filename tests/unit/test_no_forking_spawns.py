@@ -3,7 +3,7 @@
 `preexec_fn`, `user`, `group` and `extra_groups` make subprocess fork() the caller, and a
 fork() of a process with gRPC in use runs gRPC's child fork handlers, which crash the
 child (grpcio 1.85: 49 of 200 such spawns died with SIGSEGV beside busy calls). What
-those would do goes into the argv instead: kestrel.procs.as_user,
+those would do goes into the argv instead: kestrel_tools.procs.as_user,
 kestrel.service.die_with_parent."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import ast
 
 import pytest
 
-from kestrel.procs import REPO
+from kestrel_tools.procs import REPO
 
 FORKING = frozenset({"preexec_fn", "user", "group", "extra_groups"})
 SPAWNS = frozenset({"Popen", "run", "call", "check_call", "check_output",
@@ -58,5 +58,5 @@ def test_no_spawn_in_the_project_forks() -> None:
         for path in sorted((REPO / top).rglob("*.py")):
             rel = str(path.relative_to(REPO))
             found += forking_spawns(path.read_text(), rel)
-    assert found == [], ("use kestrel.procs.as_user / kestrel.service.die_with_parent "
+    assert found == [], ("use kestrel_tools.procs.as_user / kestrel.service.die_with_parent "
                          "instead: " + "; ".join(found))

@@ -34,7 +34,7 @@ def test_an_unreadable_record_says_what_to_set(tmp_path: Path, content: str | No
 
 def test_the_default_record_is_the_local_nodes(monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path) -> None:
-    from kestrel.cluster.paths import NODE, NodePaths, Paths
+    from kestrel_tools.cluster.paths import NODE, NodePaths, Paths
 
     monkeypatch.setenv("KESTREL_CLUSTER_DIR", str(tmp_path))
     assert local_image_record() == NodePaths(Paths(tmp_path).state / "node").images_json

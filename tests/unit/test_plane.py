@@ -1,4 +1,4 @@
-"""`python -m kestrel.plane up` (what `make up` runs) says what it did to each part
+"""`python -m kestrel_tools.plane up` (what `make up` runs) says what it did to each part
 of an existing plane: reused, started, or found dead and restarted (issue 10, item 11).
 The devstack, the service processes and Prometheus are fakes here; the integration test
 tests/integration/test_devstack_up.py kills real ones."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kestrel import plane, prometheus
+from kestrel_tools import plane, prometheus
 
 
 class FakeStack:

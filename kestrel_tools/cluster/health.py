@@ -10,7 +10,7 @@ import subprocess
 import urllib.error
 import urllib.request
 
-from kestrel.cluster.paths import (
+from kestrel_tools.cluster.paths import (
     CPU_NODE_ENABLED,
     EXAMPLE_CLUSTER_QUEUE,
     KUEUE_HEALTH_PORT,
@@ -19,7 +19,7 @@ from kestrel.cluster.paths import (
     SIMULATED_NODE_SELECTOR,
     binary_paths,
 )
-from kestrel.cluster.processes import _rss_kib, kubectl, runs
+from kestrel_tools.cluster.processes import _rss_kib, kubectl, runs
 
 
 def apiserver_ready() -> bool:

@@ -1,9 +1,9 @@
 """`make helm-check`: the Helm chart linted, rendered, validated by the live apiserver,
 installed on the local cluster's real node, tested, upgraded and rolled back.
 
-    python -m kestrel.helmcheck [--keep] [--namespace kestrel-helm] [--release kestrel]
+    python -m kestrel_tools.helmcheck [--keep] [--namespace kestrel-helm] [--release kestrel]
 
-Steps, each on the real local cluster (kestrel.cluster, brought up if it is not):
+Steps, each on the real local cluster (kestrel_tools.cluster, brought up if it is not):
 
 1. `helm lint` with the default values and with values-local.yaml;
 2. `helm template` of both (--kube-version of the local apiserver);
@@ -14,7 +14,7 @@ Steps, each on the real local cluster (kestrel.cluster, brought up if it is not)
    from the Kestrel image imported into its containerd; Postgres, NATS JetStream and
    Redis are a devstack of this check's own (.run/helm/devstack), given to the chart
    as an existing Secret, as a production install is given its stores;
-5. `helm test`: kestrel.smoke in a pod (every service's gRPC health, one job
+5. `helm test`: kestrel_tools.smoke in a pod (every service's gRPC health, one job
    submitted and metered);
 6. `helm upgrade --set logLevel=DEBUG`: every pod replaced, the new ones Ready with
    the new value;
@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kestrel import cluster as kc
-from kestrel.devstack import Stack, open_stack
+from kestrel_tools import cluster as kc
+from kestrel_tools.devstack import Stack, open_stack
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "deploy" / "helm" / "kestrel"
@@ -310,7 +310,7 @@ def summary(res: Result) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kestrel.helmcheck", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m kestrel_tools.helmcheck", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--namespace", default="kestrel-helm")
     ap.add_argument("--release", default="kestrel")

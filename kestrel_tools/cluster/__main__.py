@@ -1,4 +1,4 @@
-"""`python -m kestrel.cluster up|down|status|build|env` (cluster/up, down and status
+"""`python -m kestrel_tools.cluster up|down|status|build|env` (cluster/up, down and status
 run it with the standard library only, before the venv exists)."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from kestrel.cluster.build import build
-from kestrel.cluster.paths import PATHS, ClusterError, binary_paths
-from kestrel.cluster.plane import down, up
-from kestrel.cluster.status import status
+from kestrel_tools.cluster.build import build
+from kestrel_tools.cluster.paths import PATHS, ClusterError, binary_paths
+from kestrel_tools.cluster.plane import down, up
+from kestrel_tools.cluster.status import status
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="kestrel.cluster",
+        prog="kestrel_tools.cluster",
         description="The Kestrel data plane: a local Kubernetes control plane with Kueue "
                     "and KWOK.")
     sub = parser.add_subparsers(dest="cmd", required=True)

@@ -5,12 +5,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kestrel.cluster.build import missing_binaries
-from kestrel.cluster.health import apiserver_ready, kueue_ready, process_health
-from kestrel.cluster.kueue import running_kueue_version
-from kestrel.cluster.paths import BIN_DIR, KUEUE_HEALTH_PORT, Progress, cluster_info, read_versions
-from kestrel.cluster.plane import is_up
-from kestrel.cluster.processes import kubectl
+from kestrel_tools.cluster.build import missing_binaries
+from kestrel_tools.cluster.health import apiserver_ready, kueue_ready, process_health
+from kestrel_tools.cluster.kueue import running_kueue_version
+from kestrel_tools.cluster.paths import (
+    BIN_DIR,
+    KUEUE_HEALTH_PORT,
+    Progress,
+    cluster_info,
+    read_versions,
+)
+from kestrel_tools.cluster.plane import is_up
+from kestrel_tools.cluster.processes import kubectl
 
 
 def server_version() -> str | None:

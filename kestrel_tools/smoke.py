@@ -2,7 +2,7 @@
 metered. The Helm chart's `helm test` runs it in a pod; an operator can run it
 against any installation.
 
-    python -m kestrel.smoke --service gateway=HOST:PORT --service meter=HOST:PORT ...
+    python -m kestrel_tools.smoke --service gateway=HOST:PORT --service meter=HOST:PORT ...
 
 The gateway's address is the `gateway` service's (or KESTREL_GATEWAY_ADDR); the
 operator token comes from KESTREL_OPERATOR_TOKEN. The check uses one tenant of its
@@ -109,7 +109,7 @@ def job_metered(gateway: str, token: str, args: argparse.Namespace) -> list[Line
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kestrel.smoke", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m kestrel_tools.smoke", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--service", action="append", default=[], metavar="NAME=HOST:PORT",
                     help="a service to health-check (repeat); `gateway` is also used "

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from kestrel.cluster.paths import NODE, PATHS, ClusterError, Progress, binary_paths
+from kestrel_tools.cluster.paths import NODE, PATHS, ClusterError, Progress, binary_paths
 
 
 def wait_until(
@@ -83,7 +83,7 @@ def kubectl(
 
 def pid_alive(pid: int) -> bool:
     """The process exists and is not a zombie (one that exited between the signal and
-    the read of its stat counts as gone). Shared with kestrel.devstack."""
+    the read of its stat counts as gone). Shared with kestrel_tools.devstack."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -23,9 +23,9 @@ GPUs are simulated (KWOK nodes): pods "run" for their declared duration. The
 control plane, Kueue quota, the CPU pool's kubelet, the model, the ledger and the
 runway are real.
 
-    python -m kestrel.demo [--keep]     # the demo (make demo)
-    python -m kestrel.demo env          # exports for what --keep left running
-    python -m kestrel.demo down         # stop it
+    python -m kestrel_tools.demo [--keep]     # the demo (make demo)
+    python -m kestrel_tools.demo env          # exports for what --keep left running
+    python -m kestrel_tools.demo down         # stop it
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from kestrel import cluster, kubework, prometheus
-from kestrel.cluster.processes import pid_alive
-from kestrel.devstack import Stack, port_map
-from kestrel.procs import REPO, ServiceProcess
 from kestrel_sdk import AsyncClient, Endpoint, Job, JobState, KestrelError, Runway
 from kestrel_sdk.cli import render
 from kestrel_sdk.tls import aio_channel
 from kestrel_sdk.v1 import autoscaler_pb2, autoscaler_pb2_grpc
+from kestrel_tools import cluster, kubework, prometheus
+from kestrel_tools.cluster.processes import pid_alive
+from kestrel_tools.devstack import Stack, port_map
+from kestrel_tools.procs import REPO, ServiceProcess
 
 _probe = Console()
 console = _probe if _probe.is_terminal else Console(width=120)
@@ -587,7 +587,7 @@ def console_line(env: dict[str, str], root: Path) -> tuple[str, int]:
     return ("not built; with the environment below loaded: make console", 0)
 
 
-# What `python -m kestrel.demo env` exports: where the CLI, the SDK, grpcurl and the
+# What `python -m kestrel_tools.demo env` exports: where the CLI, the SDK, grpcurl and the
 # console find the plane the demo left running.
 KEPT_ENV = ("KESTREL_GATEWAY_ADDR", "KESTREL_METER_ADDR", "KESTREL_ADMISSION_ADDR",
             "KESTREL_AUTOSCALER_ADDR", "KESTREL_PLACER_ADDR", "KESTREL_KUBECONFIG")
@@ -625,9 +625,9 @@ def kept_table(kept: Kept, prom_url: str, console_at: str, logs: Path) -> Table:
             ("console", console_at), ("prometheus", prom_url or "-"),
             ("logs", str(logs)),
             ("operator token", "KESTREL_OPERATOR_TOKEN, exported by the line below"),
-            ("load the rest", 'eval "$(.venv/bin/python -m kestrel.demo env)"'),
+            ("load the rest", 'eval "$(.venv/bin/python -m kestrel_tools.demo env)"'),
             ("then, e.g.", ".venv/bin/kestrel tenants list"),
-            ("stop it all", ".venv/bin/python -m kestrel.demo down")):
+            ("stop it all", ".venv/bin/python -m kestrel_tools.demo down")):
         t.add_row(k, v)
     return t
 

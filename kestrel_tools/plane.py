@@ -1,11 +1,11 @@
 """The whole control plane on this machine, for people (tests start their own).
 
-    python -m kestrel.plane up|down|status|env
+    python -m kestrel_tools.plane up|down|status|env
 
 `up` starts the devstack (Postgres, NATS JetStream, Redis) and the services —
 meter, gateway, admission, and the placer and the autoscaler when the Kubernetes
 data plane is up — as detached processes on their default loopback ports, with logs and an
-operator token under .run/plane, then a Prometheus (kestrel.prometheus) on
+operator token under .run/plane, then a Prometheus (kestrel_tools.prometheus) on
 127.0.0.1:19090 scraping them, the model workers, and kube-apiserver and Kueue
 when the data plane is up. `env` prints the exports the CLI, the SDK
 and grpcurl need. Idempotent: `up` starts only what is not running, and says
@@ -21,9 +21,9 @@ import signal
 import sys
 import time
 
-from kestrel import prometheus
-from kestrel.devstack import Stack, StackError, open_stack
-from kestrel.procs import REPO, ServiceProcess, wait_serving
+from kestrel_tools import prometheus
+from kestrel_tools.devstack import Stack, StackError, open_stack
+from kestrel_tools.procs import REPO, ServiceProcess, wait_serving
 
 ROOT = REPO / ".run" / "plane"
 PORTS = {"meter": 50053, "admission": 50052, "gateway": 50051, "placer": 50054,
@@ -68,7 +68,7 @@ def up(with_placer: bool | None = None) -> None:
     pids = _state()
     names = ["meter", "gateway", "admission"]
     if with_placer is None:
-        from kestrel import cluster
+        from kestrel_tools import cluster
 
         with_placer = cluster.is_up()
     if with_placer:
@@ -91,7 +91,7 @@ def up(with_placer: bool | None = None) -> None:
                   port=prometheus.DEFAULT_PORT))
     print(f"prometheus: {prom.url} (alerts {prom.url}/alerts, targets {prom.url}/targets)")
     if TOKEN_FILE.exists():
-        print(f"operator token in {TOKEN_FILE}; eval $(python -m kestrel.plane env)")
+        print(f"operator token in {TOKEN_FILE}; eval $(python -m kestrel_tools.plane env)")
 
 
 def down() -> None:
@@ -140,7 +140,7 @@ def env() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kestrel.plane", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m kestrel_tools.plane", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["up", "down", "status", "env"])
     args = ap.parse_args(argv)

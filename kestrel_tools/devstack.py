@@ -1,7 +1,7 @@
 """Local infrastructure as real processes on 127.0.0.1: Postgres, NATS JetStream, Redis.
 
-    python -m kestrel.devstack up|down|status|env|destroy [--dir DIR]
-    python -m kestrel.devstack dsn|psql [--role ROLE] [--dir DIR] [-- PSQL ARGS]
+    python -m kestrel_tools.devstack up|down|status|env|destroy [--dir DIR]
+    python -m kestrel_tools.devstack dsn|psql [--role ROLE] [--dir DIR] [-- PSQL ARGS]
 
 The same `Stack` class backs the pytest fixtures. Each stack has its own data
 directory and free ports (kept in DIR/stack.json so `status`, `down` and
@@ -42,7 +42,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kestrel import natsauth
-from kestrel.cluster.processes import pid_alive
 from kestrel.pgroles import (
     LOGIN_ROLES,
     OWNER_ROLE,
@@ -51,7 +50,8 @@ from kestrel.pgroles import (
     adopt_database_sql,
     provision_roles_sql,
 )
-from kestrel.procs import as_user
+from kestrel_tools.cluster.processes import pid_alive
+from kestrel_tools.procs import as_user
 
 HOST = "127.0.0.1"
 PG_USER = "kestrel-pg"  # Postgres refuses to run as root; it gets its own system user.
@@ -62,7 +62,7 @@ ROLE_NAMES = {"reader": READER_ROLE, "owner": OWNER_ROLE, "superuser": SUPERUSER
               **SERVICE_ROLES}
 # Only Postgres' own Unix socket (in its 0700 data directory) is trusted; TCP needs a
 # password, so a service that knows the host and port is not thereby a superuser.
-PG_HBA = """# Written by kestrel.devstack on every start.
+PG_HBA = """# Written by kestrel_tools.devstack on every start.
 local all all trust
 host all all 127.0.0.1/32 scram-sha-256
 host all all ::1/128 scram-sha-256
@@ -365,7 +365,7 @@ class Stack:
     def _start_postgres(self, timeout_s: float) -> None:
         data = self.pg_data
         pg_user = _pg_user()
-        as_pg = as_user(*pg_user) if pg_user else []  # an argv prefix: see kestrel.procs
+        as_pg = as_user(*pg_user) if pg_user else []  # an argv prefix: see kestrel_tools.procs
         if not (data / "PG_VERSION").exists():
             for public in (PUBLIC_PG_DIR, PUBLIC_PG_DIR / "data"):
                 if data.is_relative_to(public):
@@ -476,7 +476,7 @@ def open_stack(root: Path = DEFAULT_DIR) -> Stack:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kestrel.devstack", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m kestrel_tools.devstack", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["up", "down", "status", "env", "destroy", "dsn", "psql"])
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR)

@@ -1,12 +1,12 @@
 """Kestrel in containers on one machine: what docker-compose.yml runs in each one.
 
-    python -m kestrel.containers provision              the one-shot first container
-    python -m kestrel.containers store postgres|nats|redis
-    python -m kestrel.containers migrate                every schema, as the tables' owner
-    python -m kestrel.containers service meter|admission|gateway|placer|autoscaler
-    python -m kestrel.containers prometheus             scraping the services above
-    python -m kestrel.containers health NAME            a compose health check
-    python -m kestrel.containers env                    the exports a client needs
+    python -m kestrel_tools.containers provision              the one-shot first container
+    python -m kestrel_tools.containers store postgres|nats|redis
+    python -m kestrel_tools.containers migrate                every schema, as the tables' owner
+    python -m kestrel_tools.containers service meter|admission|gateway|placer|autoscaler
+    python -m kestrel_tools.containers prometheus             scraping the services above
+    python -m kestrel_tools.containers health NAME            a compose health check
+    python -m kestrel_tools.containers env                    the exports a client needs
 
 Every container shares the host's network, as `make up`'s processes do, and binds
 127.0.0.1 only: nothing is reachable from another machine, and the placer reaches
@@ -17,7 +17,7 @@ plane and the tests' on the same machine are left alone.
 `provision` makes the secrets once, into the secrets volume: a password per Postgres
 role and per NATS user (kestrel.pgroles, kestrel.natsauth) and the operator token;
 it keeps them on later runs. `store` runs one store in the foreground with its data
-in the data volume, exactly as kestrel.devstack starts it (Postgres also gets the
+in the data volume, exactly as kestrel_tools.devstack starts it (Postgres also gets the
 roles, the database and password authentication), and stops it cleanly on SIGTERM.
 `migrate` applies every schema as the tables' owner (kestrel.migrate) and exits: the
 only container given the owner's DSN. `service` replaces itself with the service,
@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from kestrel import natsauth
-from kestrel.devstack import HOST, SUPERUSER, Stack, StackError
 from kestrel.pgroles import LOGIN_ROLES
+from kestrel_tools.devstack import HOST, SUPERUSER, Stack, StackError
 
 SECRETS_DIR = Path(os.environ.get("KESTREL_SECRETS_DIR", "/secrets"))
 DATA_DIR = Path(os.environ.get("KESTREL_DATA_DIR", "/data"))
@@ -144,7 +144,7 @@ def client_env(data: dict[str, Any]) -> dict[str, str]:
 
 
 def run_store(name: str) -> int:
-    """Start one store as kestrel.devstack does, then wait on it in the foreground;
+    """Start one store as kestrel_tools.devstack does, then wait on it in the foreground;
     SIGTERM (docker stop) is passed on as the store's own clean-shutdown signal."""
     stack = stack_for(DATA_DIR / name, load_secrets())
     stack.root.mkdir(parents=True, exist_ok=True)
@@ -187,9 +187,9 @@ def run_service(name: str) -> int:
 
 
 def run_prometheus() -> int:
-    """Prometheus in the foreground, scraping this stack's services (kestrel.prometheus
+    """Prometheus in the foreground, scraping this stack's services (kestrel_tools.prometheus
     with the compose ports; the alert rules are deploy/prometheus/rules)."""
-    from kestrel import prometheus
+    from kestrel_tools import prometheus
 
     root = DATA_DIR / "prometheus"
     metrics = {n: f"{HOST}:{p}" for n, p in METRICS_PORTS.items()}
@@ -238,7 +238,7 @@ def healthy(name: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kestrel.containers", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m kestrel_tools.containers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("provision")
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return 0 if healthy(args.name) else 1
     except (StackError, OSError, subprocess.CalledProcessError) as exc:
-        print(f"kestrel.containers {args.command}: {exc}", file=sys.stderr)
+        print(f"kestrel_tools.containers {args.command}: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # a health check's failure of any kind is "unhealthy"
         if args.command != "health":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 
-from kestrel.cluster.paths import (
+from kestrel_tools.cluster.paths import (
     CLUSTER_SRC,
     CPU_NODE_ENABLED,
     ClusterError,

@@ -1,6 +1,6 @@
 """The Docker engine and Compose v2 for docker-compose.yml.
 
-    python -m kestrel.dockerd up|down|status|images
+    python -m kestrel_tools.dockerd up|down|status|images
 
 The engine is Debian's docker.io (scripts/setup.sh installs it); where none answers
 on /var/run/docker.sock, `up` starts one: its data under ~/.cache/kestrel/docker (so
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kestrel import cluster as kc
+from kestrel_tools import cluster as kc
 
 DATA_ROOT = kc.CACHE_DIR / "docker"
 EXEC_ROOT = Path("/var/run/kestrel-docker")
@@ -151,7 +151,7 @@ def load_images(progress: Progress = print) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kestrel.dockerd", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m kestrel_tools.dockerd", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["up", "down", "status", "images"])
     args = ap.parse_args(argv)

@@ -1,6 +1,6 @@
 """What existing Postgres and NATS servers need for Kestrel, with fresh passwords.
 
-    python -m kestrel.provision --postgres-host db.internal --nats-host nats.internal \\
+    python -m kestrel_tools.provision --postgres-host db.internal --nats-host nats.internal \\
         --redis-url redis://redis.internal:6379/0 --out ./kestrel-stores
 
 Writes three files (owner-only) into --out:
@@ -69,7 +69,7 @@ def files(pg_host: str, pg_port: int, database: str, nats_host: str, nats_port: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kestrel.provision", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m kestrel_tools.provision", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--postgres-host", required=True)
     ap.add_argument("--postgres-port", type=int, default=5432)

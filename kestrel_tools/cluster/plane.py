@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from kestrel.cluster.build import ensure_binaries
-from kestrel.cluster.health import (
+from kestrel_tools.cluster.build import ensure_binaries
+from kestrel_tools.cluster.health import (
     CONTROL_PLANE_COMPONENTS,
     _cluster_queue_active,
     _gpu_nodes_ready,
@@ -31,14 +31,14 @@ from kestrel.cluster.health import (
     kwok_cluster_exists,
     process_health,
 )
-from kestrel.cluster.kueue import (
+from kestrel_tools.cluster.kueue import (
     _apply_kueue_crds,
     _remove_kueue_metrics_cert_link,
     _start_kueue,
     _stop_kueue,
 )
-from kestrel.cluster.node import _start_cpu_node, _stop_cpu_node, cpu_node_ready, node_ip
-from kestrel.cluster.paths import (
+from kestrel_tools.cluster.node import _start_cpu_node, _stop_cpu_node, cpu_node_ready, node_ip
+from kestrel_tools.cluster.paths import (
     APISERVER_PORT,
     CLUSTER_NAME,
     CPU_NODE_ENABLED,
@@ -54,7 +54,7 @@ from kestrel.cluster.paths import (
     cluster_info,
     read_versions,
 )
-from kestrel.cluster.processes import (
+from kestrel_tools.cluster.processes import (
     _pid_dead,
     _run,
     _spawn,

@@ -17,7 +17,7 @@ The apiserver, scheduler, controllers and Kueue quota are real; only the GPU nod
 what runs on them are simulated.
 
 The package, by concern. This module names their public parts lazily (PEP 562), so
-``from kestrel import cluster as kc; kc.up()`` reads as before and loads only the
+``from kestrel_tools import cluster as kc; kc.up()`` reads as before and loads only the
 modules a caller touches: a production service that reads ``kc.PATHS`` loads
 ``paths`` alone.
 
@@ -30,7 +30,7 @@ modules a caller touches: a production service that reads ``kc.PATHS`` loads
 ``kueue``              Kueue's configuration, certificates, CRDs, process
 ``plane``              up, repair, down, an apiserver replica, the API client
 ``status``             what ``cluster/status`` prints
-``__main__``           ``python -m kestrel.cluster up|down|status|build|env``
+``__main__``           ``python -m kestrel_tools.cluster up|down|status|build|env``
 =====================  ==============================================================
 
 Use from Python::
@@ -40,7 +40,7 @@ Use from Python::
 
 Only the standard library is imported at import time; ``kubernetes`` is imported by
 :func:`api_client` alone, so ``cluster/up`` works before the project venv. Job and
-Workload manifests and reads of what ran are in ``kestrel.kubework``.
+Workload manifests and reads of what ran are in ``kestrel_tools.kubework``.
 """
 
 from __future__ import annotations
@@ -49,11 +49,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kestrel.cluster.build import (
+    from kestrel.workloads import CPU_FLAVOR, GPU_FLAVORS
+    from kestrel_tools.cluster.build import (
         ensure_binaries,
         missing_binaries,
     )
-    from kestrel.cluster.health import (
+    from kestrel_tools.cluster.health import (
         CONTROL_PLANE_COMPONENTS,
         ProcessHealth,
         apiserver_ready,
@@ -66,10 +67,10 @@ if TYPE_CHECKING:
         kwok_cluster_exists,
         process_health,
     )
-    from kestrel.cluster.kueue import (
+    from kestrel_tools.cluster.kueue import (
         running_kueue_version,
     )
-    from kestrel.cluster.node import (
+    from kestrel_tools.cluster.node import (
         _stop_cpu_node,
         build_images,
         cpu_node_ready,
@@ -79,7 +80,7 @@ if TYPE_CHECKING:
         node_leftovers,
         node_tools_missing,
     )
-    from kestrel.cluster.paths import (
+    from kestrel_tools.cluster.paths import (
         APISERVER_PORT,
         BIN_DIR,
         CACHE_DIR,
@@ -121,7 +122,7 @@ if TYPE_CHECKING:
         kueue_crd_dir,
         read_versions,
     )
-    from kestrel.cluster.plane import (
+    from kestrel_tools.cluster.plane import (
         api_client,
         apiserver_replica_pid,
         cluster_down,
@@ -134,17 +135,16 @@ if TYPE_CHECKING:
         stop_apiserver_replica,
         up,
     )
-    from kestrel.cluster.processes import (
+    from kestrel_tools.cluster.processes import (
         _state_lock,
         kubectl,
         wait_until,
     )
-    from kestrel.cluster.status import (
+    from kestrel_tools.cluster.status import (
         server_version,
     )
-    from kestrel.workloads import CPU_FLAVOR, GPU_FLAVORS
 
-# Where each name lives: its module under kestrel.cluster (or a full module path).
+# Where each name lives: its module under kestrel_tools.cluster (or a full module path).
 _WHERE = {
     "APISERVER_PORT": "paths",
     "BIN_DIR": "paths",
@@ -312,19 +312,19 @@ __all__ = [  # noqa: RUF022 (the order of _WHERE)
 
 # Two names here are also the names of submodules, and importing a submodule sets the
 # package's attribute of that name to the module: once any code had imported
-# kestrel.cluster.build (the plane does), `kc.build` was that module and never reached
+# kestrel_tools.cluster.build (the plane does), `kc.build` was that module and never reached
 # __getattr__, so building helm or compose on demand failed with "'module' object is
 # not callable" on a machine without them cached. `build` is bound here, eagerly (its
 # module needs only the standard library); `status` is not exported (import it from
-# kestrel.cluster.status). A unit test holds every exported name to its object.
-from kestrel.cluster.build import build  # noqa: E402
+# kestrel_tools.cluster.status). A unit test holds every exported name to its object.
+from kestrel_tools.cluster.build import build  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
-        raise AttributeError(f"module 'kestrel.cluster' has no attribute {name!r}")
-    path = module if "." in module else f"kestrel.cluster.{module}"
+        raise AttributeError(f"module 'kestrel_tools.cluster' has no attribute {name!r}")
+    path = module if "." in module else f"kestrel_tools.cluster.{module}"
     value = getattr(importlib.import_module(path), name)
     globals()[name] = value
     return value

@@ -4,11 +4,11 @@ Shared by the services, the e2e tests, bench/cluster_check.py and the demo: the 
 a tenant submits to Kueue (a GPU Job for the simulated pool, a CPU Job for the real
 kubelet node, a tenant's ClusterQueue and LocalQueue), Kueue's verdict read back
 (Workload conditions), and the GPU-seconds Kubernetes itself recorded per Job (what the
-ledger must equal). Split from kestrel.cluster, which brings the cluster up and down.
+ledger must equal). Split from kestrel_tools.cluster, which brings the cluster up and down.
 
-Like kestrel.cluster, this module imports only the standard library at import time;
+Like kestrel_tools.cluster, this module imports only the standard library at import time;
 functions that talk to the apiserver take a kubernetes ApiClient or make one with
-kestrel.cluster.api_client(), and import kubernetes lazily.
+kestrel_tools.cluster.api_client(), and import kubernetes lazily.
 """
 
 from __future__ import annotations
@@ -21,10 +21,6 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
-from kestrel.cluster.node import kestrel_image
-from kestrel.cluster.paths import NODE_NAME, ClusterError
-from kestrel.cluster.plane import api_client
-from kestrel.cluster.processes import wait_until
 from kestrel.workloads import (
     CPU_FLAVOR,
     KUEUE_API_VERSION,
@@ -34,6 +30,10 @@ from kestrel.workloads import (
     condition,
     condition_true,
 )
+from kestrel_tools.cluster.node import kestrel_image
+from kestrel_tools.cluster.paths import NODE_NAME, ClusterError
+from kestrel_tools.cluster.plane import api_client
+from kestrel_tools.cluster.processes import wait_until
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
