@@ -124,7 +124,7 @@ helm-check: setup helm ## The chart: lint, template, server-side dry run, instal
 	$(PY) -m kestrel_tools.helmcheck $(HELM_CHECK_ARGS)
 
 compose: setup ## Build Compose v2 (cached) and install it as the docker CLI plugin
-	$(PY) -c "from kestrel import dockerd; dockerd.compose_plugin()"
+	$(PY) -c "from kestrel_tools import dockerd; dockerd.compose_plugin()"
 
 compose-check: compose ## docker-compose.yml is valid (docker compose config)
 	docker compose config --quiet && echo "compose: docker-compose.yml valid"
