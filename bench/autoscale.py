@@ -114,7 +114,7 @@ async def run(keep: bool) -> int:
     shutil.rmtree(root, ignore_errors=True)
     stack = Stack(root, durable=True)
     await asyncio.to_thread(stack.up)
-    ports = port_map(*NAMES)
+    ports = port_map(*NAMES, "replicas")  # + the gateway's internal Replicas
     env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
            "KESTREL_KUBECONFIG": str(info.kubeconfig), "KESTREL_METER_TICK_S": str(TICK_S),
            "KESTREL_PRICES": "gpu-h100=0.01,gpu-a10=0.001,cpu=0.002",

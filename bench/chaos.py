@@ -197,7 +197,7 @@ class Chaos:
 
     def up(self) -> None:
         self.stack.up()
-        ports = port_map(*SERVICES)
+        ports = port_map(*SERVICES, "replicas")  # + the gateway's internal Replicas
         self.env = {
             **self.stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN,
             "KESTREL_LOG_LEVEL": os.environ.get("KESTREL_CHAOS_LOG_LEVEL", "WARNING"),

@@ -100,7 +100,7 @@ async def open_loop(call: object, rate: float, seconds: float) -> tuple[list[flo
 def submit_path(stack: Stack, root: Path) -> tuple[dict[str, int], list[ServiceProcess]]:
     """Meter, gateway and admission over `stack` (no placer, no runway check): the
     submit path alone. Their ports, and the processes, not yet started."""
-    ports = port_map("meter", "gateway", "admission")
+    ports = port_map("meter", "gateway", "admission", "replicas")
     env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
            "KESTREL_RUNWAY_CHECK": "", "KESTREL_PLACER_ADDR": "",
            "KESTREL_METER_ADDR": f"127.0.0.1:{ports['meter']}",

@@ -99,7 +99,7 @@ async def run(clients: int, seconds: float, keep: bool) -> int:
     stack = Stack(root, durable=True)
     console.print(f"(b) end to end: devstack in {root}, the plane on the real cluster")
     await asyncio.to_thread(stack.up)
-    ports = port_map(*NAMES, "http")
+    ports = port_map(*NAMES, "http", "replicas")
     http_port = ports.pop("http")
     env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
            "KESTREL_KUBECONFIG": str(info.kubeconfig),

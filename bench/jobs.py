@@ -323,7 +323,7 @@ async def run(m: int, workers: int, keep: bool, profile: bool = False) -> int:
     shutil.rmtree(root, ignore_errors=True)
     stack = Stack(root, durable=True)
     await asyncio.to_thread(stack.up)
-    ports = port_map("meter", "gateway", "admission", "placer")
+    ports = port_map("meter", "gateway", "admission", "placer", "replicas")
     env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
            "KESTREL_KUBECONFIG": str(info.kubeconfig),
            **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},

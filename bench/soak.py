@@ -136,7 +136,7 @@ async def run(minutes: float, tenants: int, clients: int, keep: bool) -> int:
     stack = Stack(root, durable=True)
     console.print(f"[bold]soak[/bold]: devstack in {root}")
     await asyncio.to_thread(stack.up)
-    ports = port_map(*SERVICES)
+    ports = port_map(*SERVICES, "replicas")  # + the gateway's internal Replicas
     env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_LOG_LEVEL": "WARNING",
            "KESTREL_RUNWAY_CHECK": "", "KESTREL_PLACER_ADDR": "",
            "KESTREL_METER_ADDR": f"127.0.0.1:{ports['meter']}",

@@ -58,7 +58,9 @@ PORTS = {"postgres": _port("POSTGRES", 25432), "nats": _port("NATS", 24222),
          "meter": _port("METER", 23053), "placer": _port("PLACER", 23054),
          "autoscaler": _port("AUTOSCALER", 23055), "prometheus": _port("PROMETHEUS", 29090),
          # the gateway's OpenAI-compatible API (services/gateway/http.py)
-         "gateway_http": _port("GATEWAY_HTTP", 28080)}
+         "gateway_http": _port("GATEWAY_HTTP", 28080),
+         # the gateway's internal kestrel.v1.Replicas (the autoscaler's)
+         "replicas": _port("REPLICAS", 23057)}
 METRICS_PORTS = {"gateway": _port("GATEWAY_METRICS", 9351),
                  "admission": _port("ADMISSION_METRICS", 9352),
                  "meter": _port("METER_METRICS", 9353), "placer": _port("PLACER_METRICS", 9354),
@@ -75,7 +77,7 @@ SERVICE_KEYS = {
     "placer": ("KESTREL_PLACER_POSTGRES_DSN", "KESTREL_PLACER_NATS_URL", "KESTREL_REDIS_URL"),
     "autoscaler": ("KESTREL_AUTOSCALER_NATS_URL", "KESTREL_REDIS_URL"),
 }
-NEEDS_TOKEN = ("gateway", "autoscaler")
+NEEDS_TOKEN = ("gateway",)
 
 
 def provision(secrets_dir: Path = SECRETS_DIR) -> dict[str, Any]:
@@ -126,8 +128,10 @@ def service_env(name: str, data: dict[str, Any]) -> dict[str, str]:
     env.update({f"KESTREL_{name.upper()}_PORT": str(PORTS[name]),
                 f"KESTREL_{name.upper()}_METRICS_PORT": str(METRICS_PORTS[name]),
                 "KESTREL_BIND_HOST": HOST})
+    env["KESTREL_REPLICAS_ADDR"] = f"{HOST}:{PORTS['replicas']}"
     if name == "gateway":
         env["KESTREL_GATEWAY_HTTP_PORT"] = str(PORTS["gateway_http"])
+        env["KESTREL_REPLICAS_PORT"] = str(PORTS["replicas"])
     if name in NEEDS_TOKEN:
         env["KESTREL_OPERATOR_TOKEN"] = str(data["operator_token"])
     return env

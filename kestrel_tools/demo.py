@@ -489,7 +489,7 @@ async def main_async(keep: bool) -> int:
         await asyncio.to_thread(stack.up)
         names = ("meter", "gateway", "admission", "placer", "autoscaler")
         every_port = port_map(*names, *(f"{n}-metrics" for n in names),  # all distinct
-                              "gateway-http")
+                              "gateway-http", "replicas")
         ports = {n: every_port[n] for n in names}
         metrics_ports = {n: every_port[f"{n}-metrics"] for n in names}
         env = {**stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN, "KESTREL_PRICES": PRICES,
@@ -497,6 +497,8 @@ async def main_async(keep: bool) -> int:
                "KESTREL_LOG_LEVEL": os.environ.get("KESTREL_LOG_LEVEL", "INFO"),
                "KESTREL_KUBECONFIG": str(info.kubeconfig),
                "KESTREL_GATEWAY_HTTP_PORT": str(every_port["gateway-http"]),
+               "KESTREL_REPLICAS_PORT": str(every_port["replicas"]),
+               "KESTREL_REPLICAS_ADDR": f"127.0.0.1:{every_port['replicas']}",
                **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
                **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in ports.items()},
                **{f"KESTREL_{n.upper()}_METRICS_PORT": str(p) for n, p in metrics_ports.items()}}

@@ -29,6 +29,7 @@ ROOT = REPO / ".run" / "plane"
 PORTS = {"meter": 50053, "admission": 50052, "gateway": 50051, "placer": 50054,
          "autoscaler": 50055}
 HTTP_PORT = 8080  # the gateway's OpenAI-compatible API (services/gateway/http.py)
+REPLICAS_PORT = 50057  # the gateway's internal kestrel.v1.Replicas (the autoscaler's)
 WITH_CLUSTER = ("placer", "autoscaler")  # started only when the data plane is up
 TOKEN_FILE = ROOT / "operator-token"
 METRICS_PORTS = prometheus.DEFAULT_METRICS_PORTS
@@ -55,6 +56,8 @@ def _save(pids: dict[str, int]) -> None:
 def service_env(stack: Stack) -> dict[str, str]:
     return {**stack.env(), "KESTREL_OPERATOR_TOKEN_FILE": str(TOKEN_FILE),
             "KESTREL_GATEWAY_HTTP_PORT": str(HTTP_PORT),
+            "KESTREL_REPLICAS_PORT": str(REPLICAS_PORT),
+            "KESTREL_REPLICAS_ADDR": f"127.0.0.1:{REPLICAS_PORT}",
             **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in PORTS.items()},
             **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in PORTS.items()},
             **{f"KESTREL_{n.upper()}_METRICS_PORT": str(p) for n, p in METRICS_PORTS.items()}}

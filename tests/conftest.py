@@ -120,7 +120,7 @@ class Plane:
     """Meter, gateway and admission as real processes over one database and bus."""
 
     def __init__(self, env: dict[str, str], tmp: Path) -> None:
-        self.ports = port_map("meter", "gateway", "admission", "http")
+        self.ports = port_map("meter", "gateway", "admission", "http", "replicas")
         self.env = {**env, "KESTREL_OPERATOR_TOKEN": OPERATOR_TOKEN,
                     "KESTREL_METER_ADDR": f"127.0.0.1:{self.ports['meter']}",
                     "KESTREL_ADMISSION_ADDR": f"127.0.0.1:{self.ports['admission']}",
@@ -128,6 +128,9 @@ class Plane:
                     "KESTREL_GATEWAY_PORT": str(self.ports["gateway"]),
                     # The gateway's OpenAI-compatible API (services/gateway/http.py).
                     "KESTREL_GATEWAY_HTTP_PORT": str(self.ports["http"]),
+                    # Its internal kestrel.v1.Replicas (the autoscaler's).
+                    "KESTREL_REPLICAS_PORT": str(self.ports["replicas"]),
+                    "KESTREL_REPLICAS_ADDR": f"127.0.0.1:{self.ports['replicas']}",
                     "KESTREL_ADMISSION_PORT": str(self.ports["admission"]),
                     "KESTREL_METER_METRICS_PORT": "0", "KESTREL_ADMISSION_METRICS_PORT": "0",
                     "KESTREL_GATEWAY_METRICS_PORT": "0",

@@ -119,7 +119,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         stack.up()
-        ports = port_map("meter", "gateway", "admission", "autoscaler")
+        ports = port_map("meter", "gateway", "admission", "autoscaler", "replicas")
         addr = {n: f"127.0.0.1:{p}" for n, p in ports.items()}
         token = f"kso_{secrets.token_hex(16)}"
         env = {**stack.service_dsns(), **stack.service_nats_urls(),
@@ -132,7 +132,8 @@ def main() -> int:
                "KESTREL_METER_SETTLE_US": "0",
                # No Kubernetes here: no runway check, no placer (as tests/conftest.py's Plane).
                "KESTREL_RUNWAY_CHECK": "", "KESTREL_PLACER_ADDR": "",
-               "KESTREL_GATEWAY_ADDR": addr["gateway"], "KESTREL_KUBECONFIG": ""}
+               "KESTREL_GATEWAY_ADDR": addr["gateway"], "KESTREL_REPLICAS_ADDR": addr["replicas"],
+               "KESTREL_KUBECONFIG": ""}
         for name in ("meter", "gateway", "admission", "autoscaler"):
             procs.append(ServiceProcess(name, env, addr[name], root / f"{name}.log").start())
         seeded = asyncio.run(seed(addr["gateway"], stack.nats_url, token))

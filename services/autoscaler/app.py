@@ -1,5 +1,5 @@
-"""Wiring of the autoscaler process: gateway, meter, Redis, the runway stream,
-kestrel.v1.Autoscaler (reflection, health) and /metrics."""
+"""Wiring of the autoscaler process: the gateway's internal Replicas service, the meter,
+Redis, the runway stream, kestrel.v1.Autoscaler (reflection, health) and /metrics."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -28,8 +27,8 @@ from kestrel_sdk.v1 import (
     autoscaler_pb2,
     autoscaler_pb2_grpc,
     events_pb2,
-    gateway_pb2_grpc,
     meter_pb2_grpc,
+    replicas_pb2_grpc,
 )
 from services.autoscaler.core import Decision, Reason
 from services.autoscaler.inputs import Windows
@@ -45,9 +44,8 @@ class AutoscalerConfig:
     host: str
     grpc_port: int
     metrics_port: int
-    gateway_addr: str
+    replicas_addr: str  # the gateway's internal kestrel.v1.Replicas
     meter_addr: str
-    operator_token: str
     interval_s: float
     windows: Windows
     heartbeat_s: float
@@ -58,22 +56,13 @@ class AutoscalerConfig:
 
     @classmethod
     def from_env(cls) -> AutoscalerConfig:
-        token = env_str("KESTREL_OPERATOR_TOKEN", "")
-        token_file = Path(env_str("KESTREL_OPERATOR_TOKEN_FILE", ".run/operator-token"))
-        if not token and token_file.exists():  # the one the gateway generated
-            token = token_file.read_text().strip()
-        if not token:
-            raise SystemExit("KESTREL_OPERATOR_TOKEN (or the gateway's token file, "
-                             f"{token_file}) is required: the autoscaler scales endpoints "
-                             "through the gateway's operator RPCs")
         return cls(
             stores=Stores.from_env("autoscaler"),
             host=env_str("KESTREL_BIND_HOST", "127.0.0.1"),
             grpc_port=env_int("KESTREL_AUTOSCALER_PORT", 50055),
             metrics_port=env_int("KESTREL_AUTOSCALER_METRICS_PORT", 9155),
-            gateway_addr=env_str("KESTREL_GATEWAY_ADDR", "127.0.0.1:50051"),
+            replicas_addr=env_str("KESTREL_REPLICAS_ADDR", "127.0.0.1:50057"),
             meter_addr=env_str("KESTREL_METER_ADDR", "127.0.0.1:50053"),
-            operator_token=token,
             interval_s=env_float("KESTREL_AUTOSCALER_INTERVAL_S", 1.0),
             windows=Windows(
                 stable_window_s=env_float("KESTREL_AUTOSCALER_STABLE_WINDOW_S", 60.0),
@@ -95,7 +84,7 @@ async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
     js = nc.jetstream()
     await bus.retry_forever("ensure streams", lambda: bus.ensure_streams(js))
     redis = aioredis.Redis.from_url(config.stores.redis_url, socket_connect_timeout=5.0)
-    gw_channel = aio_channel(config.gateway_addr)
+    replicas_channel = aio_channel(config.replicas_addr)
     meter_channel = aio_channel(config.meter_addr)
     registry = CollectorRegistry()
     replicas = Gauge("kestrel_autoscaler_replicas", "Replicas an endpoint has (live)",
@@ -111,9 +100,9 @@ async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
         await bus.publish(js, bus.subject_endpoint_scaled(msg.tenant, msg.endpoint), msg,
                           f"scaled-{msg.endpoint}-{msg.time_us}-{uuid.uuid4().hex[:6]}")
 
-    scaler = Autoscaler(gateway_pb2_grpc.GatewayStub(gw_channel),
-                        meter_pb2_grpc.MeterStub(meter_channel), redis,
-                        config.operator_token, publish, config.windows, config.heartbeat_s)
+    scaler = Autoscaler(replicas_pb2_grpc.ReplicasStub(replicas_channel),
+                        meter_pb2_grpc.MeterStub(meter_channel), redis, publish, config.windows,
+                        config.heartbeat_s)
 
     def on_decision(key: Key, d: Decision, applied: bool) -> None:
         replicas.labels(*key).set(d.target if applied else d.current)
@@ -155,8 +144,8 @@ async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
               *([asyncio.create_task(elector.run(stop), name="lease")] if elector else []),
               asyncio.create_task(every(30.0, stop, scaler.refresh_prices,
                                         "refreshing prices failed", log), name="prices")]
-    log.info("autoscaler serving gRPC on %s (every %.1fs; gateway %s, meter %s)",
-             server.address, config.interval_s, config.gateway_addr, config.meter_addr)
+    log.info("autoscaler serving gRPC on %s (every %.1fs; replicas %s, meter %s)",
+             server.address, config.interval_s, config.replicas_addr, config.meter_addr)
     try:
         await stop.wait()
     finally:
@@ -171,6 +160,6 @@ async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
             http[0].shutdown()
         await nc.close()
         await redis.aclose()
-        await gw_channel.close()
+        await replicas_channel.close()
         await meter_channel.close()
         log.info("stopped")

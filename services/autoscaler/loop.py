@@ -1,7 +1,8 @@
 """The live loop: every interval, and at once on every runway message, read each live
 endpoint's load and its tenant's budget, decide (core.decide) and apply a change
-through the gateway's ScaleEndpoint, the one write path for replicas: each new one is
-admitted against the budget and placed on Kubernetes by the placer like any job.
+through kestrel.v1.Replicas, the gateway's internal service and the one write path for
+replicas: each new one is admitted against the budget and placed on Kubernetes by the
+placer like any job.
 
 State kept between decisions is the autoscaler's own (windows, panic, last scale
 instants); a restarted autoscaler starts its windows afresh, which can only delay a
@@ -28,10 +29,10 @@ from kestrel_sdk.v1 import (
     autoscaler_pb2,
     common_pb2,
     events_pb2,
-    gateway_pb2,
-    gateway_pb2_grpc,
     meter_pb2,
     meter_pb2_grpc,
+    replicas_pb2,
+    replicas_pb2_grpc,
     worker_pb2,
 )
 from services.autoscaler.core import Decision, Reason, ScaleInputs, ScaleState, decide
@@ -92,14 +93,13 @@ async def read_p95(redis: aioredis.Redis, endpoint_id: str, heartbeat_s: float
 
 
 class Autoscaler:
-    def __init__(self, gateway: gateway_pb2_grpc.GatewayStub, meter: meter_pb2_grpc.MeterStub,
-                 redis: aioredis.Redis, operator_token: str, publish: Publish,
+    def __init__(self, replicas: replicas_pb2_grpc.ReplicasStub,
+                 meter: meter_pb2_grpc.MeterStub, redis: aioredis.Redis, publish: Publish,
                  windows: Windows, heartbeat_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.gateway = gateway
+        self.replicas = replicas
         self.meter = meter
         self.redis = redis
-        self.md = (("authorization", f"Bearer {operator_token}"),)
         self.publish = publish
         self.windows = windows
         self.heartbeat_s = heartbeat_s
@@ -127,8 +127,8 @@ class Autoscaler:
         out: list[common_pb2.Endpoint] = []
         token = ""
         while True:
-            resp = await self.gateway.ListAllEndpoints(gateway_pb2.ListAllEndpointsRequest(
-                page_size=500, page_token=token), metadata=self.md, timeout=10)
+            resp = await self.replicas.ListLiveEndpoints(replicas_pb2.ListLiveEndpointsRequest(
+                page_size=500, page_token=token), timeout=10)
             out += resp.endpoints
             token = resp.next_page_token
             if not token:
@@ -169,9 +169,9 @@ class Autoscaler:
         t.decision, t.inputs, t.decided_us = decision, inputs, now_us()
         applied = False
         if decision.target != inputs.current:
-            resp = await self.gateway.ScaleEndpoint(gateway_pb2.GatewayScaleEndpointRequest(
+            resp = await self.replicas.ScaleEndpoint(replicas_pb2.ScaleEndpointRequest(
                 tenant=e.tenant, endpoint_id=e.endpoint_id, replicas=decision.target,
-                reason=str(decision.reason)), metadata=self.md, timeout=30)
+                reason=str(decision.reason)), timeout=30)
             got = resp.endpoint.replicas
             applied = got != inputs.current
             if got > inputs.current:

@@ -24,12 +24,15 @@ from kestrel_sdk.v1 import (
     gateway_pb2_grpc,
     meter_pb2_grpc,
     placer_pb2_grpc,
+    replicas_pb2,
+    replicas_pb2_grpc,
 )
 from services.gateway import ratelimit
 from services.gateway.auth import hash_secret
 from services.gateway.http import HttpListener, OpenAIApi
 from services.gateway.infer import InferBackend, ReplyHub
 from services.gateway.ratelimit import RateLimiter
+from services.gateway.replicas_servicer import ReplicasServicer
 from services.gateway.servicer import GatewayServicer
 from services.gateway.store import MIGRATIONS, GatewayStore
 
@@ -43,6 +46,7 @@ class GatewayConfig:
     grpc_port: int
     metrics_port: int
     http_port: int
+    replicas_port: int  # kestrel.v1.Replicas, internal: the autoscaler's
     admission_addr: str
     meter_addr: str
     placer_addr: str
@@ -59,6 +63,7 @@ class GatewayConfig:
                    env_int("KESTREL_GATEWAY_PORT", 50051),
                    env_int("KESTREL_GATEWAY_METRICS_PORT", 9151),
                    env_int("KESTREL_GATEWAY_HTTP_PORT", 8080),
+                   env_int("KESTREL_REPLICAS_PORT", 50057),
                    env_str("KESTREL_ADMISSION_ADDR", "127.0.0.1:50052"),
                    env_str("KESTREL_METER_ADDR", "127.0.0.1:50053"),
                    env_str("KESTREL_PLACER_ADDR", "127.0.0.1:50054"),
@@ -105,21 +110,31 @@ async def run(config: GatewayConfig, stop: asyncio.Event) -> None:
         placer_pb2_grpc.PlacerStub(placer_ch) if placer_ch is not None else None,
         InferBackend(redis, hub, config.worker_heartbeat_s), runways)
     registry = CollectorRegistry()
+    metrics = GrpcMetrics(registry)
     server = Server(config.host, config.grpc_port,
                     [gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name],
-                    interceptors=[GrpcMetrics(registry)])
+                    interceptors=[metrics])
     gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server.server)
     await server.start()
+    # The internal service on a port of its own, so that only its callers reach it.
+    internal = Server(config.host, config.replicas_port,
+                      [replicas_pb2.DESCRIPTOR.services_by_name["Replicas"].full_name],
+                      interceptors=[metrics])
+    replicas_pb2_grpc.add_ReplicasServicer_to_server(ReplicasServicer(servicer.endpoints),
+                                                     internal.server)
+    await internal.start()
     openai_api = HttpListener(OpenAIApi(servicer.callers, servicer.endpoints,
                                         servicer.inference, registry),
                               config.host, config.http_port)
     await openai_api.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
-    log.info("gateway serving gRPC on %s", server.address)
+    log.info("gateway serving gRPC on %s, kestrel.v1.Replicas on %s", server.address,
+             internal.address)
     try:
         await stop.wait()
     finally:
         await openai_api.stop()
+        await internal.stop(grace_s=3)
         channels = [admission_ch, meter_ch, *([placer_ch] if placer_ch is not None else [])]
         await drain(server, [following], task_timeout_s=5, http=http, nc=nc, pool=pool,
                     closers=[*(c.close for c in channels), hub.close, redis.aclose])

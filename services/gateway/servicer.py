@@ -77,6 +77,20 @@ def _key_wire(k: KeyRow) -> gateway_pb2.ApiKey:
                               created_us=k.created_us, revoked_us=k.revoked_us)
 
 
+async def live_endpoints_page(endpoints: Endpoints, tenant: str, page_size: int,
+                              page_token: str) -> tuple[list[common_pb2.Endpoint], str]:
+    """One page of every live endpoint (one tenant's when `tenant` is set) and the next
+    page's token: the operators' ListAllEndpoints and the autoscaler's ListLiveEndpoints."""
+    v = Violations()
+    size = check_page(v, page_size)
+    query = ("all-endpoints", tenant)
+    after = after_int(v, page_token, query)
+    v.raise_if_any()
+    rows = await endpoints.store.every_live(tenant, after, size + 1)
+    token = encode_token(rows[size - 1].seq, query) if len(rows) > size else ""
+    return [await endpoints.wire(r) for r in rows[:size]], token
+
+
 @map_errors
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     def __init__(self, store: GatewayStore, limiter: RateLimiter,
@@ -345,30 +359,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def ListAllEndpoints(self, request: gateway_pb2.ListAllEndpointsRequest,
                                context: Ctx) -> gateway_pb2.ListAllEndpointsResponse:
         self._operator(context)
-        v = Violations()
-        size = check_page(v, request.page_size)
-        query = ("all-endpoints", request.tenant)
-        after = after_int(v, request.page_token, query)
-        v.raise_if_any()
-        rows = await self.endpoints.store.every_live(request.tenant, after, size + 1)
-        token = encode_token(rows[size - 1].seq, query) if len(rows) > size else ""
-        return gateway_pb2.ListAllEndpointsResponse(
-            endpoints=[await self.endpoints.wire(r) for r in rows[:size]],
-            next_page_token=token)
-
-    async def ScaleEndpoint(self, request: gateway_pb2.GatewayScaleEndpointRequest,
-                            context: Ctx) -> gateway_pb2.GatewayScaleEndpointResponse:
-        self._operator(context)
-        v = Violations()
-        check_endpoint_id(v, request.endpoint_id)
-        if not request.tenant:
-            v.add("tenant", "is required")
-        v.raise_if_any()
-        out = await self.endpoints.scale(request.tenant, request.endpoint_id, request.replicas,
-                                         request.reason)
-        return gateway_pb2.GatewayScaleEndpointResponse(
-            endpoint=await self.endpoints.wire(out.row), started=out.started,
-            stopped=out.stopped, refusal=out.refusal)
+        endpoints, token = await live_endpoints_page(self.endpoints, request.tenant,
+                                                     request.page_size, request.page_token)
+        return gateway_pb2.ListAllEndpointsResponse(endpoints=endpoints, next_page_token=token)
 
     async def CreateEndpoint(self, request: gateway_pb2.CreateEndpointRequest,
                              context: Ctx) -> gateway_pb2.CreateEndpointResponse:

@@ -29,11 +29,14 @@ def plane_env(cluster: kc.ClusterInfo, service_env: dict[str, str], token: str,
               metrics: bool = False) -> dict[str, str]:
     """The environment of the four services: loopback ports, the cluster, prices, and
     the Redis the model workers of CPU replicas reach over the node's host network."""
-    ports = port_map(*NAMES, *(f"{n}-metrics" for n in NAMES))
+    ports = port_map(*NAMES, *(f"{n}-metrics" for n in NAMES), "replicas")
     return {**service_env, "KESTREL_OPERATOR_TOKEN": token,
             "KESTREL_KUBECONFIG": str(cluster.kubeconfig),
             "KESTREL_PRICES": PRICES, "KESTREL_METER_TICK_S": "0.2",
             "KESTREL_WORKER_REDIS_URL": service_env["KESTREL_REDIS_URL"],
+            # The gateway's internal kestrel.v1.Replicas, the autoscaler's write path.
+            "KESTREL_REPLICAS_PORT": str(ports["replicas"]),
+            "KESTREL_REPLICAS_ADDR": f"127.0.0.1:{ports['replicas']}",
             **{f"KESTREL_{n.upper()}_PORT": str(ports[n]) for n in NAMES},
             **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{ports[n]}" for n in NAMES},
             **{f"KESTREL_{n.upper()}_METRICS_PORT": str(ports[f"{n}-metrics"] if metrics else 0)

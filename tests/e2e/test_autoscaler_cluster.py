@@ -1,7 +1,8 @@
 """The autoscaler's live loop on the real cluster: load grows a CPU endpoint's replicas
 on the real kubelet, a spent budget takes it to zero (Infer then says why), a top-up
-brings its floor back. Every change goes through the gateway's ScaleEndpoint, so each
-new replica is admitted against the budget and placed by Kueue like any job."""
+brings its floor back. Every change goes through the gateway's internal Replicas
+service, so each new replica is admitted against the budget and placed by Kueue like
+any job."""
 
 from __future__ import annotations
 

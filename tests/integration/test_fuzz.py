@@ -70,6 +70,7 @@ from kestrel_sdk.v1 import (
     meter_pb2,
     placer_pb2,
     placer_pb2_grpc,
+    replicas_pb2,
     worker_pb2,
 )
 from kestrel_tools.tap import render
@@ -88,11 +89,14 @@ UNARY_TIMEOUT_S = 10.0
 STREAM_TIMEOUT_S = 1.0
 SETTLE_S = 0.15
 
-MODULES = [gateway_pb2, meter_pb2, admission_pb2, placer_pb2, autoscaler_pb2, worker_pb2]
+MODULES = [gateway_pb2, meter_pb2, admission_pb2, placer_pb2, autoscaler_pb2, worker_pb2,
+           replicas_pb2]
 # service full name -> where it is served in this test
 TARGETS = {"kestrel.v1.Gateway": "gateway", "kestrel.v1.Meter": "meter",
            "kestrel.v1.Admission": "admission", "kestrel.v1.Placer": "in-process",
-           "kestrel.v1.Autoscaler": "in-process"}
+           "kestrel.v1.Autoscaler": "in-process",
+           # The gateway's internal service, on its own port of the same process.
+           "kestrel.v1.Replicas": "replicas"}
 # Services described in proto/ that no process serves yet: nothing to fuzz.
 NOT_SERVED: dict[str, str] = {}
 OK_CODES = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
@@ -467,7 +471,8 @@ async def build_world(plane: Plane, database: str, clean_bus: str,
                   "topup-1", "reason", "train", "ks_0123456789abcdef_" + "A" * 43, endpoint,
                   "ep-0123456789abcdef", "all-MiniLM-L6-v2", "cpu",
                   *forged_tokens()]
-    return World(addresses={n: plane.address(n) for n in ("gateway", "meter", "admission")},
+    return World(addresses={n: plane.address(n)
+                            for n in ("gateway", "meter", "admission", "replicas")},
                  tenant_key=mine.secret, vocabulary=vocabulary, dsn=database,
                  nats_url=clean_bus, placer=placer)
 

@@ -52,7 +52,7 @@ GATEWAY = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"]
 
 OPERATOR_RPCS = {"CreateTenant", "GetTenant", "ListTenants", "SuspendTenant", "UpdateTenant",
                  "CreateApiKey", "RevokeApiKey", "TopUp", "AdjustCredits", "ListAllEndpoints",
-                 "ScaleEndpoint", "ListAllJobs"}
+                 "ListAllJobs"}
 TENANT_RPCS = {"SubmitJob", "GetJob", "ListJobs", "CancelJob", "WatchJob", "GetMyRunway",
                "ListMyUsage", "CreateEndpoint", "GetEndpoint", "ListEndpoints",
                "DeleteEndpoint", "Infer"}
@@ -304,7 +304,9 @@ async def _until(fn: Callable[[], Awaitable[Answer]], code: grpc.StatusCode,
 @pytest.fixture
 def second_gateway(plane: Plane, tmp_path: Path) -> Iterator[str]:
     port = free_port()
-    proc = ServiceProcess("gateway", {**plane.env, "KESTREL_GATEWAY_PORT": str(port)},
+    env = {**plane.env, "KESTREL_GATEWAY_PORT": str(port),
+           "KESTREL_REPLICAS_PORT": str(free_port())}
+    proc = ServiceProcess("gateway", env,
                           f"127.0.0.1:{port}", tmp_path / "gateway-second.log").start()
     try:
         yield f"127.0.0.1:{port}"

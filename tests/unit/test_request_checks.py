@@ -31,9 +31,10 @@ from kestrel.errors import (
 )
 from kestrel.grpcserver import DecodeGuard, Undecodable, lenient
 from kestrel.validation import DEFAULT_MAX_CHARS, check_strings, string_violations
-from kestrel_sdk.v1 import admission_pb2, gateway_pb2, meter_pb2, placer_pb2
+from kestrel_sdk.v1 import admission_pb2, gateway_pb2, meter_pb2, placer_pb2, replicas_pb2
 from services.admission.servicer import AdmissionServicer
 from services.gateway import ratelimit
+from services.gateway.replicas_servicer import ReplicasServicer
 from services.gateway.servicer import GatewayServicer
 from services.gateway.upstream import downstream
 from services.meter.servicer import MeterServicer
@@ -44,6 +45,7 @@ SERVICES: list[tuple[ServiceDescriptor, type]] = [
     (meter_pb2.DESCRIPTOR.services_by_name["Meter"], MeterServicer),
     (admission_pb2.DESCRIPTOR.services_by_name["Admission"], AdmissionServicer),
     (placer_pb2.DESCRIPTOR.services_by_name["Placer"], PlacerServicer),
+    (replicas_pb2.DESCRIPTOR.services_by_name["Replicas"], ReplicasServicer),
 ]
 
 

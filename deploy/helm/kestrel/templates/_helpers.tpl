@@ -38,6 +38,15 @@ app.kubernetes.io/component: {{ .name }}
 {{- end -}}
 
 {{/* Where a service answers, seen from another pod: (dict "root" $ "name" "meter") */}}
+{{- /* The gateway's internal kestrel.v1.Replicas, through its own ClusterIP Service. */ -}}
+{{- define "kestrel.replicasAddr" -}}
+{{- if .Values.hostNetwork -}}
+$(KESTREL_POD_IP):{{ .Values.gateway.replicasPort }}
+{{- else -}}
+{{ include "kestrel.fullname" . }}-replicas.{{ .Release.Namespace }}.svc:{{ .Values.gateway.replicasPort }}
+{{- end -}}
+{{- end -}}
+
 {{- define "kestrel.addr" -}}
 {{- $svc := index .root.Values .name -}}
 {{- if .root.Values.hostNetwork -}}

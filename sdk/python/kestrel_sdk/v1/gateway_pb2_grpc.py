@@ -146,11 +146,6 @@ class GatewayStub:
                 request_serializer=kestrel_dot_v1_dot_gateway__pb2.ListAllEndpointsRequest.SerializeToString,
                 response_deserializer=kestrel_dot_v1_dot_gateway__pb2.ListAllEndpointsResponse.FromString,
                 _registered_method=True)
-        self.ScaleEndpoint = channel.unary_unary(
-                '/kestrel.v1.Gateway/ScaleEndpoint',
-                request_serializer=kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointRequest.SerializeToString,
-                response_deserializer=kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointResponse.FromString,
-                _registered_method=True)
         self.ListAllJobs = channel.unary_unary(
                 '/kestrel.v1.Gateway/ListAllJobs',
                 request_serializer=kestrel_dot_v1_dot_gateway__pb2.ListAllJobsRequest.SerializeToString,
@@ -298,24 +293,17 @@ class GatewayServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListAllEndpoints(self, request, context):
-        """Operator: every live endpoint, across tenants (the autoscaler's and the console's
-        view), with the replicas that have not ended.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ScaleEndpoint(self, request, context):
-        """Operator: set an endpoint's replica count. The autoscaler's one write path: each
-        new replica is admitted against the budget (rolling hold) and placed like a job;
-        surplus ones are cancelled, newest first.
+        """Operator: every live endpoint, across tenants (the console's view), with the
+        replicas that have not ended.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListAllJobs(self, request, context):
-        """Operator: every tenant's jobs (or one tenant's), in any state, in submission order:
+        """ScaleEndpoint moved to the internal kestrel.v1.Replicas (replicas.proto): its one
+        caller is the autoscaler, which needs no operator token for it.
+        Operator: every tenant's jobs (or one tenant's), in any state, in submission order:
         what the console's jobs view lists (held ones carry the runway check's reason).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -434,11 +422,6 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.ListAllEndpoints,
                     request_deserializer=kestrel_dot_v1_dot_gateway__pb2.ListAllEndpointsRequest.FromString,
                     response_serializer=kestrel_dot_v1_dot_gateway__pb2.ListAllEndpointsResponse.SerializeToString,
-            ),
-            'ScaleEndpoint': grpc.unary_unary_rpc_method_handler(
-                    servicer.ScaleEndpoint,
-                    request_deserializer=kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointRequest.FromString,
-                    response_serializer=kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointResponse.SerializeToString,
             ),
             'ListAllJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAllJobs,
@@ -1042,33 +1025,6 @@ class Gateway:
             '/kestrel.v1.Gateway/ListAllEndpoints',
             kestrel_dot_v1_dot_gateway__pb2.ListAllEndpointsRequest.SerializeToString,
             kestrel_dot_v1_dot_gateway__pb2.ListAllEndpointsResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ScaleEndpoint(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/kestrel.v1.Gateway/ScaleEndpoint',
-            kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointRequest.SerializeToString,
-            kestrel_dot_v1_dot_gateway__pb2.GatewayScaleEndpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -65,16 +65,13 @@ class GatewayStub:
     Infer: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.InferRequest, _gateway_pb2.InferResponse]
     """Synchronous inference on an endpoint (embeddings)."""
     ListAllEndpoints: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListAllEndpointsRequest, _gateway_pb2.ListAllEndpointsResponse]
-    """Operator: every live endpoint, across tenants (the autoscaler's and the console's
-    view), with the replicas that have not ended.
-    """
-    ScaleEndpoint: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.GatewayScaleEndpointRequest, _gateway_pb2.GatewayScaleEndpointResponse]
-    """Operator: set an endpoint's replica count. The autoscaler's one write path: each
-    new replica is admitted against the budget (rolling hold) and placed like a job;
-    surplus ones are cancelled, newest first.
+    """Operator: every live endpoint, across tenants (the console's view), with the
+    replicas that have not ended.
     """
     ListAllJobs: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListAllJobsRequest, _gateway_pb2.ListAllJobsResponse]
-    """Operator: every tenant's jobs (or one tenant's), in any state, in submission order:
+    """ScaleEndpoint moved to the internal kestrel.v1.Replicas (replicas.proto): its one
+    caller is the autoscaler, which needs no operator token for it.
+    Operator: every tenant's jobs (or one tenant's), in any state, in submission order:
     what the console's jobs view lists (held ones carry the runway check's reason).
     """
 
@@ -115,16 +112,13 @@ class GatewayAsyncStub(GatewayStub):
     Infer: _aio.UnaryUnaryMultiCallable[_gateway_pb2.InferRequest, _gateway_pb2.InferResponse]  # type: ignore[assignment]
     """Synchronous inference on an endpoint (embeddings)."""
     ListAllEndpoints: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListAllEndpointsRequest, _gateway_pb2.ListAllEndpointsResponse]  # type: ignore[assignment]
-    """Operator: every live endpoint, across tenants (the autoscaler's and the console's
-    view), with the replicas that have not ended.
-    """
-    ScaleEndpoint: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GatewayScaleEndpointRequest, _gateway_pb2.GatewayScaleEndpointResponse]  # type: ignore[assignment]
-    """Operator: set an endpoint's replica count. The autoscaler's one write path: each
-    new replica is admitted against the budget (rolling hold) and placed like a job;
-    surplus ones are cancelled, newest first.
+    """Operator: every live endpoint, across tenants (the console's view), with the
+    replicas that have not ended.
     """
     ListAllJobs: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListAllJobsRequest, _gateway_pb2.ListAllJobsResponse]  # type: ignore[assignment]
-    """Operator: every tenant's jobs (or one tenant's), in any state, in submission order:
+    """ScaleEndpoint moved to the internal kestrel.v1.Replicas (replicas.proto): its one
+    caller is the autoscaler, which needs no operator token for it.
+    Operator: every tenant's jobs (or one tenant's), in any state, in submission order:
     what the console's jobs view lists (held ones carry the runway check's reason).
     """
 
@@ -294,19 +288,8 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.ListAllEndpointsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.ListAllEndpointsResponse, _abc.Awaitable[_gateway_pb2.ListAllEndpointsResponse]]:
-        """Operator: every live endpoint, across tenants (the autoscaler's and the console's
-        view), with the replicas that have not ended.
-        """
-
-    @_abc_1.abstractmethod
-    def ScaleEndpoint(
-        self,
-        request: _gateway_pb2.GatewayScaleEndpointRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_gateway_pb2.GatewayScaleEndpointResponse, _abc.Awaitable[_gateway_pb2.GatewayScaleEndpointResponse]]:
-        """Operator: set an endpoint's replica count. The autoscaler's one write path: each
-        new replica is admitted against the budget (rolling hold) and placed like a job;
-        surplus ones are cancelled, newest first.
+        """Operator: every live endpoint, across tenants (the console's view), with the
+        replicas that have not ended.
         """
 
     @_abc_1.abstractmethod
@@ -315,7 +298,9 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.ListAllJobsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.ListAllJobsResponse, _abc.Awaitable[_gateway_pb2.ListAllJobsResponse]]:
-        """Operator: every tenant's jobs (or one tenant's), in any state, in submission order:
+        """ScaleEndpoint moved to the internal kestrel.v1.Replicas (replicas.proto): its one
+        caller is the autoscaler, which needs no operator token for it.
+        Operator: every tenant's jobs (or one tenant's), in any state, in submission order:
         what the console's jobs view lists (held ones carry the runway check's reason).
         """
 
