@@ -21,12 +21,13 @@ from kestrel.service import drain, every, serve_metrics
 from kestrel.workloads import GPU_FLAVORS
 from kestrel_sdk.v1 import events_pb2, placer_pb2, placer_pb2_grpc
 from services.placer.consumers import ACK_WAIT_S, consume_admitted
-from services.placer.core import Placer, PlacerSettings
+from services.placer.core import Placer
 from services.placer.domain import DEFAULT_SHORT_BP
 from services.placer.kube import KINDS, WATCHED, Kube, Watcher
 from services.placer.lifecycle import Derived
 from services.placer.orphans import Why
 from services.placer.servicer import PlacerServicer
+from services.placer.settings import PlacerSettings
 from services.placer.standins import StandIns
 from services.placer.store import PlacerStore
 from services.placer.wire import event_to_wire, runway_from_wire
@@ -111,9 +112,10 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
                           event_to_wire(event), event.event_id)
 
     placer = Placer(kube, store, publish, config.settings)
+    observer, tenancy = placer.observer, placer.tenancy
     if config.settings.gpu_standins:
-        placer.standins = StandIns(config.settings.worker_redis_url)
-    placer.on_published = lambda e: published.labels(e.type.word).inc()
+        observer.standins = StandIns(config.settings.worker_redis_url)
+    observer.on_published = lambda e: published.labels(e.type.word).inc()
     orphaned = Counter("kestrel_placer_orphan_replicas_total",
                        "Endpoint replicas found running with nothing to stop them (their "
                        "endpoint deleted, their job cancelled, or not recorded on their "
@@ -128,20 +130,20 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
                              headers={bus.TYPE_HEADER: bus.type_name(msg)})
 
     async def on_check_sync(msg: Msg) -> None:
-        placer.check_sync()
+        observer.check_sync()
 
-    placer.publish_checks = publish_checks
+    observer.publish_checks = publish_checks
     await nc.subscribe(checkfeed.SYNC_SUBJECT, cb=on_check_sync)
-    await bus.retry_forever("admission check", placer.ensure_admission_check)
-    await bus.retry_forever("prices", placer.refresh)
+    await bus.retry_forever("admission check", tenancy.ensure_admission_check)
+    await bus.retry_forever("prices", tenancy.refresh)
     mark("check and prices")
 
     halt = threading.Event()
-    emit = placer.feed(loop)
+    emit = observer.feed(loop)
     for kind in KINDS:
         Watcher(lambda: Kube(config.kubeconfig), kind, emit, halt,
                 on_relist=lambda k: relists.labels(k).inc(), watch=kind in WATCHED).start()
-    tasks = [asyncio.create_task(placer.run_observer(stop), name="observer")]
+    tasks = [asyncio.create_task(observer.run_observer(stop), name="observer")]
     runway_ready = asyncio.Event()
     runways = Runways()  # every tenant's runway, known before placement begins
     runways.listen(lambda r: placer.runways.__setitem__(r.tenant, runway_from_wire(r)))
@@ -149,15 +151,15 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
                                      name="runway"))
     # Serve once the runway of every tenant is known and every event implied by what
     # exists in Kubernetes is out; a SIGTERM meanwhile still stops the process.
-    for what, ready in (("runway view", runway_ready), ("initial lists", placer.synced)):
+    for what, ready in (("runway view", runway_ready), ("initial lists", observer.synced)):
         await asyncio.wait([asyncio.create_task(ready.wait()),
                             asyncio.create_task(stop.wait())],
                            return_when=asyncio.FIRST_COMPLETED)
         mark(what)
     if stop.is_set():
         halt.set()
-        if placer.standins is not None:
-            await placer.standins.stop_all()
+        if observer.standins is not None:
+            await observer.standins.stop_all()
         for t in tasks:
             t.cancel()
         await nc.close()
@@ -174,13 +176,13 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     jobs = consume_admitted(nc, placer, stop, ack_wait_s=config.ack_wait_s)
     tasks += [asyncio.create_task(jobs, name="jobs"),
               asyncio.create_task(every(
-                  config.refresh_s, stop, placer.refresh,
+                  config.refresh_s, stop, tenancy.refresh,
                   "refreshing prices and tenant quotas failed", log), name="refresh"),
               asyncio.create_task(every(
-                  CHECK_BEAT_S, stop, placer.check_beat,
+                  CHECK_BEAT_S, stop, observer.check_beat,
                   "numbering the runway-check feed failed", log), name="check-beat"),
               asyncio.create_task(every(
-                  1.0, stop, placer.requeue_stuck,
+                  1.0, stop, observer.requeue_stuck,
                   "requeueing Jobs Kueue left without a Workload failed", log),
                   name="requeue"),
               asyncio.create_task(every(
@@ -199,5 +201,5 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
         stop.set()
         halt.set()
         await drain(server, tasks, task_timeout_s=10, http=http, nc=nc, pool=pool)
-        if placer.standins is not None:
-            await placer.standins.stop_all()
+        if observer.standins is not None:
+            await observer.standins.stop_all()

@@ -11,7 +11,8 @@ from kestrel.grpcserver import map_errors
 from kestrel.workloads import TENANT_ID_RE
 from kestrel_sdk.v1 import placer_pb2, placer_pb2_grpc
 from services.placer import manifests
-from services.placer.core import Placer, check_tenant_name
+from services.placer.core import Placer
+from services.placer.tenancy import check_tenant_name
 
 Ctx: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
 
@@ -37,7 +38,7 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
         check_tenant_name(request.tenant)
         quota = {q.flavor: q.gpus for q in request.quota} if request.quota else None
         borrow = {q.flavor: q.borrow_gpus for q in request.quota if q.borrow_gpus}
-        await self.placer.ensure_tenant(request.tenant, quota, borrow)
+        await self.placer.tenancy.ensure_tenant(request.tenant, quota, borrow)
         return placer_pb2.EnsureTenantResponse(
             namespace=manifests.namespace_of(request.tenant), local_queue=manifests.LOCAL_QUEUE,
             cluster_queue=manifests.cluster_queue_of(request.tenant))
@@ -55,7 +56,7 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
 
     async def ListNodes(self, request: placer_pb2.ListNodesRequest,
                         context: Ctx) -> placer_pb2.ListNodesResponse:
-        return placer_pb2.ListNodesResponse(nodes=await self.placer.nodes())
+        return placer_pb2.ListNodesResponse(nodes=await self.placer.tenancy.nodes())
 
     async def ListClusterQueues(self, request: placer_pb2.ListClusterQueuesRequest,
                                 context: Ctx) -> placer_pb2.ListClusterQueuesResponse:
@@ -65,4 +66,4 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
             v.add("tenant", "must be a tenant name (lowercase letters, digits and '-')")
             v.raise_if_any()
         return placer_pb2.ListClusterQueuesResponse(
-            cluster_queues=await self.placer.cluster_queues(request.tenant))
+            cluster_queues=await self.placer.tenancy.cluster_queues(request.tenant))

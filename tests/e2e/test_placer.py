@@ -43,9 +43,10 @@ from kestrel_tools.devstack import free_port
 from kestrel_tools.procs import ServiceProcess
 from services.gateway.store import GatewayStore
 from services.meter.store import MeterStore
-from services.placer.core import AdmittedJob, Placer, PlacerSettings
+from services.placer.core import AdmittedJob, Placer
 from services.placer.kube import Kube
 from services.placer.lifecycle import condition, time_us
+from services.placer.settings import PlacerSettings
 from services.placer.store import PlacerStore
 from tests.conftest import OPERATOR_TOKEN, Plane
 

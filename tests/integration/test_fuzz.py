@@ -183,6 +183,7 @@ class FakePlacer:
     def __init__(self) -> None:
         self.writes = 0
         self.placed: list[str] = []
+        self.tenancy = self  # the tenants' calls (Placer.tenancy) in the same fake
 
     async def ensure_tenant(self, tenant: str, quota: object, borrow: object) -> None:
         self.writes += 1

@@ -10,8 +10,8 @@ from kestrel import checkfeed
 from kestrel.checkfeed import Inbox, Outbox
 from kestrel_sdk.v1 import events_pb2
 from services.admission.kueue import RunwayCheckController
-from services.placer.core import CHECK_BEAT, CHECK_SYNC
 from services.placer.kube import WORKLOADS
+from services.placer.observer import CHECK_BEAT, CHECK_SYNC
 
 CHECK = "kestrel-runway"
 
@@ -171,7 +171,7 @@ class Placer:
     @staticmethod
     def make() -> Any:
         from services.placer.core import Placer as Real
-        from services.placer.core import PlacerSettings
+        from services.placer.settings import PlacerSettings
 
         placer = Real(None, None, None, PlacerSettings())  # type: ignore[arg-type]
         sent: list[events_pb2.CheckedWorkloads] = []
@@ -179,7 +179,7 @@ class Placer:
         async def publish_checks(msgs: list[events_pb2.CheckedWorkloads]) -> None:
             sent.extend(msgs)
 
-        placer.publish_checks = publish_checks
+        placer.observer.publish_checks = publish_checks
         return placer, sent
 
 
@@ -187,12 +187,12 @@ def test_the_placer_forwards_its_first_list_then_changes_and_a_full_set_when_ask
     placer, sent = Placer.make()
 
     async def main() -> None:
-        await placer.observe([(CHECK_SYNC, [])])  # before any list: the list will answer
+        await placer.observer.observe([(CHECK_SYNC, [])])  # before any list: the list will answer
         assert sent == []
-        await placer.observe([(WORKLOADS, [("RELIST", [workload("job-a")])])])
-        await placer.observe([(WORKLOADS, [("MODIFIED", workload("job-a", state="Ready")),
+        await placer.observer.observe([(WORKLOADS, [("RELIST", [workload("job-a")])])])
+        await placer.observer.observe([(WORKLOADS, [("MODIFIED", workload("job-a", state="Ready")),
                                            ("ADDED", workload("job-b"))])])
-        await placer.observe([(CHECK_SYNC, [])])
+        await placer.observer.observe([(CHECK_SYNC, [])])
 
     asyncio.run(main())
     assert [(m.seq, m.reset, names(m)) for m in sent] == [
@@ -206,11 +206,11 @@ def test_a_message_lost_on_a_quiet_cluster_is_found_at_the_next_beat() -> None:
     placer, sent = Placer.make()
 
     async def main() -> None:
-        await placer.observe([(CHECK_BEAT, [])])  # nothing listed yet: nothing to number
-        await placer.observe([(WORKLOADS, [("RELIST", [])])])
-        await placer.observe([(WORKLOADS, [("ADDED", workload("job-a"))])])
-        await placer.observe([(CHECK_BEAT, [])])
-        await placer.observe([(WORKLOADS, [("ADDED", workload("job-b"))]),
+        await placer.observer.observe([(CHECK_BEAT, [])])  # nothing listed yet: nothing to number
+        await placer.observer.observe([(WORKLOADS, [("RELIST", [])])])
+        await placer.observer.observe([(WORKLOADS, [("ADDED", workload("job-a"))])])
+        await placer.observer.observe([(CHECK_BEAT, [])])
+        await placer.observer.observe([(WORKLOADS, [("ADDED", workload("job-b"))]),
                               (CHECK_BEAT, [])])  # a change goes out: no beat beside it
 
     asyncio.run(main())

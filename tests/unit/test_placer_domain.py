@@ -16,7 +16,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from services.placer import manifests
-from services.placer.core import AdmittedJob, Placer, PlacerSettings, key_of
+from services.placer.core import AdmittedJob, Placer
 from services.placer.domain import FlavorAsk, RunwayView, choose_flavor, short_because
 from services.placer.kube import JOBS, KINDS, PODS, WATCHED, Kube, Watcher
 from services.placer.lifecycle import (
@@ -32,6 +32,8 @@ from services.placer.lifecycle import (
     requeue_due,
     time_us,
 )
+from services.placer.observer import key_of
+from services.placer.settings import PlacerSettings
 from services.placer.store import TenantQuota
 
 PRICES = {"gpu-h100": Decimal("0.001"), "gpu-a10": Decimal("0.0003")}
@@ -421,15 +423,15 @@ async def test_observer_publishes_only_after_every_kind_is_listed_then_never_twi
     rec = Recorder()
     placer = observer(rec)
     running = workload(*RESERVED)
-    await placer.observe_now("workload", "RELIST", [running])
-    await placer.observe_now("job", "RELIST", [job_obj()])
+    await placer.observer.observe_now("workload", "RELIST", [running])
+    await placer.observer.observe_now("job", "RELIST", [job_obj()])
     assert rec.ids == []  # pods not listed yet: STARTED could still be missing
-    await placer.observe_now("pod", "RELIST", [pod(35, 36)])
+    await placer.observer.observe_now("pod", "RELIST", [pod(35, 36)])
     assert rec.ids == [f"{JOB}:queued", f"{JOB}:admitted", f"{JOB}:started"]
-    await placer.observe_now("workload", "MODIFIED", running)
+    await placer.observer.observe_now("workload", "MODIFIED", running)
     assert len(rec.ids) == 3
     done = workload(*RESERVED, cond("Finished", "True", 39, "Succeeded"))
-    await placer.observe_now("workload", "MODIFIED", done)
+    await placer.observer.observe_now("workload", "MODIFIED", done)
     assert rec.ids[3:] == [f"{JOB}:finished"]
 
 
@@ -437,12 +439,12 @@ async def test_a_relist_without_a_workload_that_held_quota_closes_it() -> None:
     rec = Recorder()
     placer = observer(rec)
     for kind, items in (("workload", [workload(*RESERVED)]), ("job", []), ("pod", [])):
-        await placer.observe_now(kind, "RELIST", items)
+        await placer.observer.observe_now(kind, "RELIST", items)
     assert rec.ids == [f"{JOB}:admitted"]
     # The watch broke (410 Gone) and the Workload was deleted meanwhile.
-    await placer.observe_now("workload", "RELIST", [])
+    await placer.observer.observe_now("workload", "RELIST", [])
     assert rec.ids == [f"{JOB}:admitted", f"{JOB}:failed"]
-    assert placer.views == {}
+    assert placer.observer.views == {}
 
 
 def test_a_cancelled_allocation_is_closed_so_nothing_else_closes_it() -> None:
@@ -459,10 +461,10 @@ async def test_after_a_cancel_the_deletion_publishes_no_second_close() -> None:
     placer = observer(rec)
     running = workload(*RESERVED)
     for kind, items in (("workload", [running]), ("job", []), ("pod", [])):
-        await placer.observe_now(kind, "RELIST", items)
-    view = placer.views[(NS, JOB)]
+        await placer.observer.observe_now(kind, "RELIST", items)
+    view = placer.observer.views[(NS, JOB)]
     view.closed.add(JOB)  # what cancel() records once it published CANCELLED
-    await placer.observe_now("workload", "DELETED", workload(*RESERVED, deleted_at=50))
+    await placer.observer.observe_now("workload", "DELETED", workload(*RESERVED, deleted_at=50))
     assert rec.ids == [f"{JOB}:admitted"]  # no ":failed" for the same allocation
 
 
@@ -474,9 +476,9 @@ async def test_the_observer_applies_each_event_of_a_read_in_order_so_an_eviction
     never be)."""
     rec = Recorder()
     placer = observer(rec)
-    emit = placer.feed(asyncio.get_running_loop())
+    emit = placer.observer.feed(asyncio.get_running_loop())
     stop = asyncio.Event()
-    running = asyncio.create_task(placer.run_observer(stop))
+    running = asyncio.create_task(placer.observer.run_observer(stop))
     for kind, items in (("workload", [workload(*RESERVED)]), ("job", []), ("pod", [])):
         emit(kind, [("RELIST", items)])
     evicted = workload(*RESERVED[:1], cond("Admitted", "False", 41, "NoReservation"),
@@ -527,10 +529,10 @@ async def test_a_read_that_moves_many_jobs_publishes_them_side_by_side_each_in_i
                     clock=lambda: us(59))
     jobs = [JOB[:-1] + str(i) for i in range(4)]
     for kind in ("workload", "job", "pod"):
-        await placer.observe_now(kind, "RELIST", [])
+        await placer.observer.observe_now(kind, "RELIST", [])
     read = [("job", [("ADDED", renamed(job_obj(), j)) for j in jobs]),
             ("workload", [("ADDED", renamed(workload(*RESERVED), j)) for j in jobs])]
-    observing = asyncio.create_task(placer.observe(read))
+    observing = asyncio.create_task(placer.observer.observe(read))
     for _ in range(100):
         if pub.in_flight == len(jobs):
             break
@@ -548,11 +550,11 @@ async def test_an_object_the_observer_cannot_read_is_logged_and_the_rest_of_the_
     rec = Recorder()
     placer = observer(rec)
     for kind in ("workload", "job", "pod"):
-        await placer.observe_now(kind, "RELIST", [])
+        await placer.observer.observe_now(kind, "RELIST", [])
     broken = renamed(workload(*RESERVED), JOB)  # a copy: RESERVED's dicts stay as they are
     broken["status"]["conditions"][1]["lastTransitionTime"] = "not a time"
     other = renamed(workload(*RESERVED), JOB[:-1] + "0")
-    await placer.observe([("workload", [("ADDED", broken), ("ADDED", other)])])
+    await placer.observer.observe([("workload", [("ADDED", broken), ("ADDED", other)])])
     assert rec.ids == [f"{JOB[:-1]}0:admitted"]
 
 
@@ -678,12 +680,12 @@ async def test_jobs_behind_a_backlog_kueue_works_through_are_touched_only_once_i
     older["metadata"]["creationTimestamp"] = ts(20)
     waiting = [job_obj(), renamed(job_obj(), "job-twin")]
     for kind, items in (("job", [older, *waiting]), ("workload", []), ("pod", [])):
-        await placer.observe_now(kind, "RELIST", items)
-    await placer.observe_now("workload", "ADDED", renamed(workload(), "job-older"))
+        await placer.observer.observe_now(kind, "RELIST", items)
+    await placer.observer.observe_now("workload", "ADDED", renamed(workload(), "job-older"))
     now[0] = us(54)  # 24 s after the Jobs were made, 14 s after Kueue's last progress
-    assert await placer.requeue_stuck() == []
+    assert await placer.observer.requeue_stuck() == []
     now[0] = us(55)
-    assert sorted(k[1] for k in await placer.requeue_stuck()) == ["job-0123456789abcdef",
+    assert sorted(k[1] for k in await placer.observer.requeue_stuck()) == ["job-0123456789abcdef",
                                                                   "job-twin"]
     assert sorted(kube.touched) == ["job-0123456789abcdef", "job-twin"]
 
@@ -697,22 +699,22 @@ async def test_the_placer_tracks_jobs_without_a_workload_as_changes_arrive() -> 
                     PlacerSettings(), clock=lambda: now[0])
     a, b = job_obj(), renamed(job_obj(), "job-b")
     for kind, items in (("job", [a, b]), ("workload", []), ("pod", [])):
-        await placer.observe_now(kind, "RELIST", items)
+        await placer.observer.observe_now(kind, "RELIST", items)
     key_a = ("kestrel-acme", "job-0123456789abcdef")
-    assert set(placer.unserved) == {key_a, ("kestrel-acme", "job-b")}
-    assert placer.unserved[key_a] == us(30) and placer.served_us == 0
+    assert set(placer.observer.unserved) == {key_a, ("kestrel-acme", "job-b")}
+    assert placer.observer.unserved[key_a] == us(30) and placer.observer.served_us == 0
 
-    await placer.observe_now("workload", "ADDED", workload())
-    assert set(placer.unserved) == {("kestrel-acme", "job-b")}
-    assert placer.served_us == us(30)
+    await placer.observer.observe_now("workload", "ADDED", workload())
+    assert set(placer.observer.unserved) == {("kestrel-acme", "job-b")}
+    assert placer.observer.served_us == us(30)
 
-    await placer.observe_now("job", "RELIST", [a])  # job-b is gone from Kubernetes
-    assert placer.unserved == {}
+    await placer.observer.observe_now("job", "RELIST", [a])  # job-b is gone from Kubernetes
+    assert placer.observer.unserved == {}
 
     again = renamed(job_obj(), "job-b")
     again["metadata"]["creationTimestamp"] = ts(50)
-    await placer.observe_now("job", "ADDED", again)
-    assert placer.unserved == {("kestrel-acme", "job-b"): us(50)}
+    await placer.observer.observe_now("job", "ADDED", again)
+    assert placer.observer.unserved == {("kestrel-acme", "job-b"): us(50)}
 
 
 class TenantApplies:
@@ -751,13 +753,13 @@ async def test_a_new_tenants_first_burst_of_placements_applies_its_queues_once()
     times; after its namespace vanished, the next burst applies them once again."""
     kube, store = TenantApplies(), Profiles()
     placer = Placer(cast(Any, kube), cast(Any, store), Recorder(), PlacerSettings())
-    quotas = await asyncio.gather(*(placer.tenant_quota("acme") for _ in range(20)))
+    quotas = await asyncio.gather(*(placer.tenancy.tenant_quota("acme") for _ in range(20)))
     assert {q.limit("gpu-h100") for q in quotas} == {8}
     assert kube.applied == ["namespace", "clusterqueues", "localqueue"]
     assert store.reads == 1
 
-    placer.tenants.pop("acme")  # what place() does when the namespace is gone (a 404)
-    await asyncio.gather(*(placer.tenant_quota("acme") for _ in range(20)))
+    placer.tenancy.tenants.pop("acme")  # what place() does when the namespace is gone (a 404)
+    await asyncio.gather(*(placer.tenancy.tenant_quota("acme") for _ in range(20)))
     assert kube.applied == ["namespace", "clusterqueues", "localqueue"] * 2
 
 
@@ -806,9 +808,9 @@ async def placed(kube: JobKube, rec: Recorder, now: list[int]) -> Placer:
     """A synced placer (every kind listed empty) that has placed job JOB."""
     placer = Placer(cast(Any, kube), cast(Any, None), rec, PlacerSettings(),
                     clock=lambda: now[0])
-    placer.tenants[TENANT] = TenantQuota({"gpu-h100": 8, "gpu-a10": 8})
+    placer.tenancy.tenants[TENANT] = TenantQuota({"gpu-h100": 8, "gpu-a10": 8})
     for kind in ("workload", "job", "pod"):
-        await placer.observe_now(kind, "RELIST", [])
+        await placer.observer.observe_now(kind, "RELIST", [])
     assert await placer.place(AdmittedJob(JOB, TENANT, "n", 2, "", 60, 3, {}), False)
     return placer
 
@@ -823,19 +825,19 @@ async def test_a_job_the_placer_created_is_known_without_a_job_watch_until_its_w
     placer = await placed(kube, rec, now)
     key = (NS, JOB)
     assert rec.ids == [f"{JOB}:queued"]
-    assert placer.unserved == {key: us(30)}
+    assert placer.observer.unserved == {key: us(30)}
 
-    await placer.observe_now("workload", "ADDED", workload(*RESERVED))
+    await placer.observer.observe_now("workload", "ADDED", workload(*RESERVED))
     assert rec.ids[1:] == [f"{JOB}:admitted"]
     assert rec.events[1].max_duration_s == 60  # the Job's activeDeadlineSeconds
-    assert placer.unserved == {} and placer.served_us == us(30)
+    assert placer.observer.unserved == {} and placer.observer.served_us == us(30)
 
     done = workload(*RESERVED, cond("Finished", "True", 39, "Succeeded"))
-    await placer.observe_now("workload", "MODIFIED", done)
-    assert key in placer.views  # the Job is still there: so is the job
-    await placer.observe_now("workload", "DELETED", done)
+    await placer.observer.observe_now("workload", "MODIFIED", done)
+    assert key in placer.observer.views  # the Job is still there: so is the job
+    await placer.observer.observe_now("workload", "DELETED", done)
     assert rec.ids[2:] == [f"{JOB}:finished"]
-    assert placer.views == {}
+    assert placer.observer.views == {}
 
 
 async def test_a_job_cancelled_before_kueue_gave_it_a_workload_is_forgotten_at_once() -> None:
@@ -843,7 +845,7 @@ async def test_a_job_cancelled_before_kueue_gave_it_a_workload_is_forgotten_at_o
     placer = await placed(kube, rec, now)
     assert await placer.cancel(TENANT, JOB) == (True, us(31))
     assert kube.deleted == [JOB]
-    assert placer.views == {} and placer.unserved == {}
+    assert placer.observer.views == {} and placer.observer.unserved == {}
 
 
 async def test_a_cancelled_job_with_a_workload_is_kept_until_the_watch_brings_its_deletion(
@@ -852,14 +854,14 @@ async def test_a_cancelled_job_with_a_workload_is_kept_until_the_watch_brings_it
     follows closes nothing twice, and then the job is forgotten."""
     kube, rec, now = JobKube(), Recorder(), [us(40)]
     placer = await placed(kube, rec, now)
-    await placer.observe_now("workload", "ADDED", workload(*RESERVED))
+    await placer.observer.observe_now("workload", "ADDED", workload(*RESERVED))
     kube.workload = workload(*RESERVED)
     await placer.cancel(TENANT, JOB)
     assert rec.ids == [f"{JOB}:queued", f"{JOB}:admitted", f"{JOB}:cancelled"]
-    assert (NS, JOB) in placer.views
-    await placer.observe_now("workload", "DELETED", workload(*RESERVED, deleted_at=41))
+    assert (NS, JOB) in placer.observer.views
+    await placer.observer.observe_now("workload", "DELETED", workload(*RESERVED, deleted_at=41))
     assert rec.ids[3:] == []
-    assert placer.views == {}
+    assert placer.observer.views == {}
 
 
 async def test_a_waiting_job_deleted_behind_the_placers_back_is_forgotten_when_touched(
@@ -870,10 +872,11 @@ async def test_a_waiting_job_deleted_behind_the_placers_back_is_forgotten_when_t
     placer = await placed(kube, rec, now)
     kube.jobs.clear()
     now[0] = us(50)  # past the patience: Kueue served nobody for 15 s
-    assert await placer.requeue_stuck() == [(NS, JOB)]
-    assert placer.views == {} and placer.unserved == {} and placer.touched == {}
+    assert await placer.observer.requeue_stuck() == [(NS, JOB)]
+    obs = placer.observer
+    assert obs.views == {} and obs.unserved == {} and obs.touched == {}
     now[0] = us(59)
-    assert await placer.requeue_stuck() == []
+    assert await placer.observer.requeue_stuck() == []
 
 
 class ListOnce:
