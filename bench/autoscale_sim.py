@@ -4,7 +4,7 @@ Everything here is SIMULATED: a virtual clock in 1 s steps, seeded Poisson
 arrivals, a queue model of replicas that serve ~60 requests of 8 texts a second,
 a cold start of a few seconds, and billing per replica-second from admission, as
 the meter bills. Each step the scenario's trace is replayed through the very
-function the live loop calls (`core.decide`), with budgets from the one budget
+function the live loop calls (`domain.decide`), with budgets from the one budget
 formula (`kestrel_sdk.budget.budget`).
 
 Every scenario runs twice on the same arrivals: budget-aware, and load-only (the
@@ -33,7 +33,7 @@ from typing import Any
 from kestrel.endpoints import Priority
 from kestrel_sdk import budget as budgets
 from kestrel_sdk.budget import budget
-from services.autoscaler.core import (
+from services.autoscaler.domain import (
     Reason,
     ScaleInputs,
     ScalePolicy,
@@ -435,7 +435,7 @@ def markdown(rep: dict[str, Any]) -> str:
            f"{m['service_rps_per_replica']:g} requests of 8 texts a second, starts in "
            f"{m['cold_start_s']} s, bills per replica-second from admission; a request "
            f"waiting over {m['deadline_s']} s is dropped. Every decision comes from "
-           "`services.autoscaler.core.decide`; the load-only run is the same core with an "
+           "`services.autoscaler.domain.decide`; the load-only run is the same core with an "
            "unlimited budget, on the same arrivals. An SLA-second is a second whose p95 is "
            "over the endpoint's target, in which requests wait with no replica ready, or in "
            "which requests are dropped.", ""]

@@ -1,6 +1,6 @@
 """The autoscaler: replica decisions for endpoints.
 
-`core.decide` is the whole decision, a pure function of one endpoint's observed
+`domain.decide` is the whole decision, a pure function of one endpoint's observed
 load, its policy and its tenant's budget, with the clock passed in: it grows an
 endpoint with load while the budget pays for the target over the horizon, stops
 growing when the projected cost no longer fits, shrinks it as runway shortens and

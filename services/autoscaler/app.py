@@ -30,9 +30,9 @@ from kestrel_sdk.v1 import (
     meter_pb2_grpc,
     replicas_pb2_grpc,
 )
-from services.autoscaler.core import Decision, Reason
+from services.autoscaler.core import Autoscaler, Key
+from services.autoscaler.domain import Decision, Reason
 from services.autoscaler.inputs import Windows
-from services.autoscaler.loop import Autoscaler, Key
 from services.autoscaler.servicer import AutoscalerServicer
 
 log = logging.getLogger("kestrel.autoscaler")

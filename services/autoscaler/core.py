@@ -1,328 +1,237 @@
-"""The autoscaler's replica decision: `decide(inputs, state, now) -> (Decision, ScaleState)`.
+"""The live loop: every interval, and at once on every runway message, read each live
+endpoint's load and its tenant's budget, decide (domain.decide) and apply a change
+through kestrel.v1.Replicas, the gateway's internal service and the one write path for
+replicas: each new one is admitted against the budget and placed on Kubernetes by the
+placer like any job.
 
-Pure: frozen data in, frozen data out, the clock a number the caller passes. What
-must survive from one decision to the next (the window of observed load, the panic
-mode) is the explicit `ScaleState` the caller carries; the same inputs, state and
-clock always give the same decision.
-
-Load, in the manner of Knative's autoscaler: every decision adds one observation of
-demand in replica units, max((queued + in flight) / target queue depth,
-arrival rate / replica rate). The stable window (60 s) averages all of them; the
-panic window (6 s) averages the urgent part (low-priority backlog left out). When
-the panic average reaches `panic_threshold` x the ready replicas the endpoint
-panics: it follows the panic window, never scales down, and ignores the scale-up
-cooldown, until a whole stable window has passed without crossing the threshold.
-A p95 above the target while requests queue asks for one replica more than are
-ready; a request waiting at zero replicas asks for one.
-
-Money, after load and cooldowns, and above every other rule:
-
-- remaining <= 0 (or no runway left): zero replicas, `runway_exhausted`.
-- affordable = floor(remaining / (price x horizon)): the target never exceeds it,
-  so target x price x horizon <= remaining always holds.
-- runway below the horizon (other work burns too): at most
-  floor(current x runway / horizon) replicas, a shrink proportional to the gap.
-
-The reason names the rule that set the target; exactly one per decision:
-`runway_exhausted`; `runway_short` (money shrinks the endpoint);
-`cost_budget_block` (money stops growth); `cooldown_block`; `hold` (also: a panic
-never scales down); `max_replicas_block` (load wants more than the maximum);
-`warm_pool_floor` (load wants fewer than the floor, max(min_replicas, warm_pool),
-or the floor restores replicas); `scale_from_zero`; `scale_up`; `scale_down`.
-
-Cooldowns: no scale-up within `scale_up_cooldown_s` of the last scale-up (a panic
-or a request waiting at zero replicas is exempt); no scale-down within
-`scale_down_cooldown_s` of the last change either way. Money ignores both.
+State kept between decisions is the autoscaler's own (windows, panic, last scale
+instants); a restarted autoscaler starts its windows afresh, which can only delay a
+scale-down (the stable window refills), never overspend: money rules every decision.
 """
 
 from __future__ import annotations
 
-import enum
-import math
-from collections.abc import Mapping
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from types import MappingProxyType
+from typing import Any
 
-from kestrel.endpoints import Priority
+import grpc
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
-__all__ = [
-    "Decision",
-    "Observation",
-    "Reason",
-    "ScaleInputs",
-    "ScalePolicy",
-    "ScaleState",
-    "affordable_replicas",
-    "decide",
-]
+from kestrel import endpoints as ep
+from kestrel.clock import now_us
+from kestrel_sdk.v1 import (
+    autoscaler_pb2,
+    common_pb2,
+    events_pb2,
+    meter_pb2,
+    meter_pb2_grpc,
+    replicas_pb2,
+    replicas_pb2_grpc,
+    worker_pb2,
+)
+from services.autoscaler.domain import Decision, Reason, ScaleInputs, ScaleState, decide
+from services.autoscaler.inputs import StreamReading, Windows, arrival_rps, inputs_for
 
-# Tolerance for the float averages: 3.0000000001 replicas of demand is three.
-_EPS = 1e-9
-
-
-class Reason(enum.StrEnum):
-    SCALE_UP = "scale_up"
-    SCALE_DOWN = "scale_down"
-    HOLD = "hold"
-    COOLDOWN_BLOCK = "cooldown_block"
-    COST_BUDGET_BLOCK = "cost_budget_block"
-    MAX_REPLICAS_BLOCK = "max_replicas_block"
-    WARM_POOL_FLOOR = "warm_pool_floor"
-    RUNWAY_SHORT = "runway_short"
-    RUNWAY_EXHAUSTED = "runway_exhausted"
-    SCALE_FROM_ZERO = "scale_from_zero"
+log = logging.getLogger("kestrel.autoscaler")
+Key = tuple[str, str]  # (tenant, endpoint id)
+Publish = Callable[[events_pb2.EndpointScaled], Awaitable[None]]
 
 
-@dataclass(frozen=True)
-class ScalePolicy:
-    """One endpoint's rules (EndpointSpec plus the autoscaler's windows)."""
+@dataclass
+class Track:
+    """What the loop keeps of one endpoint."""
 
-    min_replicas: int = 0
-    max_replicas: int = 8
-    # Replicas kept ready while the budget allows: the floor is max(min, warm_pool).
-    warm_pool: int = 0
-    # Queued plus in-flight requests per replica the autoscaler aims for.
-    target_queue_depth: int = 30
-    # Requests per second one replica should take at its target utilisation.
-    replica_rps: float = 45.0
-    target_p95_ms: float = 250.0
-    # Seconds of spend the target must be able to pay for.
-    horizon_s: int = 300
-    stable_window_s: float = 60.0
-    panic_window_s: float = 6.0
-    panic_threshold: float = 2.0
-    scale_up_cooldown_s: float = 5.0
-    scale_down_cooldown_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.min_replicas < 0 or self.warm_pool < 0:
-            raise ValueError("min_replicas and warm_pool must not be negative")
-        if self.max_replicas < self.min_replicas:
-            raise ValueError(f"max_replicas {self.max_replicas} < min_replicas "
-                             f"{self.min_replicas}")
-        if self.target_queue_depth <= 0 or self.replica_rps <= 0 or self.target_p95_ms <= 0:
-            raise ValueError("target_queue_depth, replica_rps, target_p95_ms must be positive")
-        if self.horizon_s <= 0:
-            raise ValueError("horizon_s must be positive")
-        if not 0 < self.panic_window_s <= self.stable_window_s:
-            raise ValueError("need 0 < panic_window_s <= stable_window_s")
-        if self.panic_threshold <= 1:
-            raise ValueError("panic_threshold must exceed 1 (2.0 is Knative's 200%)")
-        if self.scale_up_cooldown_s < 0 or self.scale_down_cooldown_s < 0:
-            raise ValueError("cooldowns must not be negative")
-
-    @property
-    def floor(self) -> int:
-        return min(self.max_replicas, max(self.min_replicas, self.warm_pool))
+    state: ScaleState = field(default_factory=ScaleState)
+    streams: Mapping[ep.Priority, StreamReading] | None = None
+    read_at: float = 0.0
+    last_up: float | None = None
+    last_down: float | None = None
+    decision: Decision | None = None
+    inputs: ScaleInputs | None = None
+    decided_us: int = 0
+    applied: int = 0  # decisions that changed the replica count
 
 
-def _no_queue() -> Mapping[Priority, int]:
-    return MappingProxyType({})
+async def read_streams(redis: aioredis.Redis, endpoint_id: str
+                       ) -> dict[ep.Priority, StreamReading]:
+    out: dict[ep.Priority, StreamReading] = {}
+    for p in ep.PRIORITIES:
+        key = ep.request_stream(endpoint_id, p)
+        try:
+            info: Any = await redis.xinfo_stream(key)
+            groups: Any = await redis.xinfo_groups(key)
+        except RedisError:  # no stream yet: nothing ever asked at this priority
+            out[p] = StreamReading(0, 0, 0)
+            continue
+        pending = sum(int(g.get("pending", 0)) for g in groups
+                      if g.get("name") in (ep.GROUP, ep.GROUP.encode()))
+        out[p] = StreamReading(int(info.get("length", 0)), pending,
+                               int(info.get("entries-added", 0)))
+    return out
 
 
-@dataclass(frozen=True)
-class ScaleInputs:
-    """What the loop observed for one endpoint at one instant, and its tenant's budget."""
-
-    policy: ScalePolicy
-    # Price of one replica-second of the endpoint's flavor.
-    price_per_replica_s: Decimal
-    # The tenant's remaining budget net of what *other* work has reserved
-    # (kestrel_sdk.budget: credits - charged - reserved, the endpoint's own hold added back).
-    remaining: Decimal
-    # The tenant's runway (kestrel_sdk.budget.Budget.runway_s); inf when nothing burns.
-    runway_s: float
-    # Replicas the endpoint has (ready + pending), of which ready serve and pending start.
-    current: int
-    ready: int = 0
-    pending: int = 0
-    queue_depth: Mapping[Priority, int] = field(default_factory=_no_queue)
-    arrival_rps: float = 0.0
-    in_flight: int = 0
-    # p95 latency over the last interval; None when nothing was served.
-    p95_ms: float | None = None
-    # When a decision the loop applied last grew / shrank the endpoint.
-    last_scale_up_at: float | None = None
-    last_scale_down_at: float | None = None
-
-    def __post_init__(self) -> None:
-        if min(self.current, self.ready, self.pending, self.in_flight) < 0:
-            raise ValueError("replica and request counts must not be negative")
-        if self.ready > self.current:
-            raise ValueError(f"ready {self.ready} > current {self.current}")
-        if any(v < 0 for v in self.queue_depth.values()):
-            raise ValueError("queue depths must not be negative")
-        if self.price_per_replica_s < 0:
-            raise ValueError("price_per_replica_s must not be negative")
-        if self.arrival_rps < 0 or math.isnan(self.arrival_rps) or math.isnan(self.runway_s):
-            raise ValueError("arrival_rps and runway_s must be numbers, arrival_rps >= 0")
-
-    @property
-    def queued(self) -> int:
-        return sum(self.queue_depth.values())
-
-    @property
-    def queued_urgent(self) -> int:
-        return sum(n for p, n in self.queue_depth.items() if p != Priority.LOW)
+async def read_p95(redis: aioredis.Redis, endpoint_id: str, heartbeat_s: float
+                   ) -> float | None:
+    """The worst p95 among the replicas heartbeating now (None: none served yet)."""
+    raw: Any = await redis.hgetall(ep.replicas_key(endpoint_id))
+    now = now_us()
+    worst: float | None = None
+    for value in raw.values():
+        try:
+            hb = worker_pb2.WorkerHeartbeat.FromString(value)
+        except Exception:
+            continue
+        if ep.heartbeat_fresh(hb.time_us, now, heartbeat_s) and hb.served:
+            worst = max(worst or 0.0, hb.p95_ms)
+    return worst
 
 
-@dataclass(frozen=True)
-class Observation:
-    """Demand in replica units seen at one instant: all of it, and the urgent part."""
+class Autoscaler:
+    def __init__(self, replicas: replicas_pb2_grpc.ReplicasStub,
+                 meter: meter_pb2_grpc.MeterStub, redis: aioredis.Redis, publish: Publish,
+                 windows: Windows, heartbeat_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.replicas = replicas
+        self.meter = meter
+        self.redis = redis
+        self.publish = publish
+        self.windows = windows
+        self.heartbeat_s = heartbeat_s
+        self.clock = clock
+        self.runways: dict[str, common_pb2.Runway] = {}
+        self.prices: dict[str, Decimal] = {}
+        self.tracks: dict[Key, Track] = {}
+        self.wake = asyncio.Event()
+        # Whether this process may act (the Lease's holder); always, without election.
+        self.leading: Callable[[], bool] = lambda: True
+        self.on_decision: Callable[[Key, Decision, bool], None] = lambda k, d, applied: None
 
-    at: float
-    demand: float
-    urgent: float
+    # --- inputs ---------------------------------------------------------------
+
+    def runway_changed(self, runway: common_pb2.Runway) -> None:
+        """A kestrel.runway.Runways listener: the tenant's newest figure."""
+        self.runways[runway.tenant] = runway
+        self.wake.set()
+
+    async def refresh_prices(self) -> None:
+        resp = await self.meter.ListPrices(meter_pb2.ListPricesRequest(), timeout=5)
+        self.prices = {p.flavor: Decimal(p.price_per_gpu_s) for p in resp.prices}
+
+    async def endpoints(self) -> list[common_pb2.Endpoint]:
+        out: list[common_pb2.Endpoint] = []
+        token = ""
+        while True:
+            resp = await self.replicas.ListLiveEndpoints(replicas_pb2.ListLiveEndpointsRequest(
+                page_size=500, page_token=token), timeout=10)
+            out += resp.endpoints
+            token = resp.next_page_token
+            if not token:
+                return out
+
+    # --- one round ------------------------------------------------------------
+
+    async def round(self) -> int:
+        """Decide for every live endpoint; returns how many changed size."""
+        if not self.prices:
+            await self.refresh_prices()
+        live = await self.endpoints()
+        seen: set[Key] = set()
+        changed = 0
+        for e in live:
+            key = (e.tenant, e.endpoint_id)
+            seen.add(key)
+            if e.tenant not in self.runways:  # no budget known yet: never guess
+                continue
+            try:
+                changed += await self.decide_one(key, e)
+            except (grpc.aio.AioRpcError, RedisError, OSError) as err:
+                log.warning("endpoint %s of %s: %s", e.endpoint_id, e.tenant, err)
+        for gone in set(self.tracks) - seen:
+            del self.tracks[gone]
+        return changed
+
+    async def decide_one(self, key: Key, e: common_pb2.Endpoint) -> int:
+        t = self.tracks.setdefault(key, Track())
+        now = self.clock()
+        streams = await read_streams(self.redis, e.endpoint_id)
+        rps = arrival_rps(t.streams, streams, now - t.read_at)
+        t.streams, t.read_at = streams, now
+        p95 = await read_p95(self.redis, e.endpoint_id, self.heartbeat_s)
+        inputs = inputs_for(e, streams, rps, p95, self.runways.get(e.tenant), self.prices,
+                            self.windows, t.last_up, t.last_down)
+        decision, t.state = decide(inputs, t.state, now)
+        t.decision, t.inputs, t.decided_us = decision, inputs, now_us()
+        applied = False
+        if decision.target != inputs.current:
+            resp = await self.replicas.ScaleEndpoint(replicas_pb2.ScaleEndpointRequest(
+                tenant=e.tenant, endpoint_id=e.endpoint_id, replicas=decision.target,
+                reason=str(decision.reason)), timeout=30)
+            got = resp.endpoint.replicas
+            applied = got != inputs.current
+            if got > inputs.current:
+                t.last_up = now
+            elif got < inputs.current:
+                t.last_down = now
+            if resp.refusal:
+                log.info("%s of %s: %d of %d replicas started: %s", e.endpoint_id, e.tenant,
+                         got, decision.target, resp.refusal)
+            log.info("%s of %s: %d -> %d replicas (%s)", e.endpoint_id, e.tenant,
+                     inputs.current, got, decision.reason)
+            t.applied += applied
+            if applied:
+                await self.publish(events_pb2.EndpointScaled(
+                    tenant=e.tenant, endpoint=e.endpoint_id, from_replicas=inputs.current,
+                    to_replicas=resp.endpoint.replicas, reason=str(decision.reason),
+                    time_us=t.decided_us, runway_s=min(inputs.runway_s, 1e18),
+                    projected_cost=str(decision.projected_cost)))
+        self.on_decision(key, decision, applied)
+        return int(applied)
+
+    async def run(self, stop: asyncio.Event, interval_s: float) -> None:
+        """A round every interval, or sooner when a runway message arrives."""
+        while not stop.is_set():
+            self.wake.clear()
+            try:
+                if self.leading():
+                    await self.round()
+                elif self.tracks:  # a follower keeps no state: the leader's is the truth
+                    self.tracks.clear()
+            except (grpc.aio.AioRpcError, RedisError, OSError) as err:
+                log.warning("autoscaler round failed: %s", err)
+            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wake.wait())]
+            await asyncio.wait(waits, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+
+    # --- GetScaleState --------------------------------------------------------
+
+    def scale_state(self, tenant: str, endpoint_id: str
+                    ) -> autoscaler_pb2.GetScaleStateResponse | None:
+        t = self.tracks.get((tenant, endpoint_id))
+        if t is None or t.decision is None or t.inputs is None:
+            return None
+        d, i = t.decision, t.inputs
+        cooldown = (t.last_down if t.last_down is not None else -1e18)
+        if t.last_up is not None:
+            cooldown = max(cooldown, t.last_up)
+        until = 0
+        if cooldown > -1e18:
+            until = t.decided_us + int((cooldown + i.policy.scale_down_cooldown_s
+                                        - self.clock()) * 1e6)
+        return autoscaler_pb2.GetScaleStateResponse(
+            replicas=d.current, target_replicas=d.target, reason=str(d.reason),
+            inputs=autoscaler_pb2.ScaleInputs(
+                queue_depth=i.queued + i.in_flight, p95_ms=i.p95_ms or 0.0,
+                ready_replicas=i.ready, runway_s=0.0 if i.runway_s == float("inf")
+                else i.runway_s, runway_unlimited=i.runway_s == float("inf"),
+                remaining=str(i.remaining), price_per_replica_s=str(i.price_per_replica_s)),
+            decided_us=t.decided_us, cooldown_until_us=max(0, until))
 
 
-@dataclass(frozen=True)
-class ScaleState:
-    """What the next decision needs from this one; start with `ScaleState()`."""
-
-    observations: tuple[Observation, ...] = ()
-    # Last instant the panic window crossed the threshold; None: not panicking.
-    panic_since: float | None = None
-    # The most replicas asked for during this panic (a panic never asks for fewer).
-    panic_target: int = 0
-
-
-@dataclass(frozen=True)
-class Decision:
-    target: int
-    reason: Reason
-    current: int
-    # What load alone asks for (windows, panic, latency, a request at zero).
-    load_target: int
-    # Most replicas the budget pays for over the horizon; None: no limit (price 0).
-    affordable: int | None
-    panic: bool
-    # target x price x horizon: what the target would cost over the horizon.
-    projected_cost: Decimal
-    stable_demand: float
-    panic_demand: float
-
-    @property
-    def delta(self) -> int:
-        return self.target - self.current
-
-
-def affordable_replicas(remaining: Decimal, price: Decimal, horizon_s: int,
-                        at_most: int) -> int | None:
-    """The most replicas (up to at_most) whose cost over the horizon fits remaining;
-    None when replicas cost nothing."""
-    if remaining <= 0:
-        return 0
-    per_replica = price * horizon_s
-    if per_replica <= 0:
-        return None
-    if per_replica * at_most <= remaining:
-        return at_most
-    # remaining / per_replica < at_most here, so the quotient is small and exact.
-    return int(remaining // per_replica)
-
-
-def _ceil(x: float) -> int:
-    return max(0, math.ceil(x - _EPS))
-
-
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
-
-
-def _observe(inputs: ScaleInputs, now: float) -> Observation:
-    p = inputs.policy
-    rate = inputs.arrival_rps / p.replica_rps
-    demand = max((inputs.queued + inputs.in_flight) / p.target_queue_depth, rate)
-    urgent = max((inputs.queued_urgent + inputs.in_flight) / p.target_queue_depth, rate)
-    return Observation(now, demand, urgent)
-
-
-def decide(inputs: ScaleInputs, state: ScaleState, now: float) -> tuple[Decision, ScaleState]:
-    """The target replica count, its one reason, and the state for the next decision."""
-    p = inputs.policy
-    if state.observations and now < state.observations[-1].at:
-        raise ValueError(f"clock went backwards: {now} < {state.observations[-1].at}")
-
-    # Load: the windows, then panic mode (Knative's rules, state made explicit).
-    obs = _observe(inputs, now)
-    kept = (*(o for o in state.observations if o.at > now - p.stable_window_s), obs)
-    stable = _mean([o.demand for o in kept])
-    panic_avg = _mean([o.urgent for o in kept if o.at > now - p.panic_window_s])
-    over = panic_avg / max(1, inputs.ready) >= p.panic_threshold
-    panic_since: float | None
-    if over:
-        panic_since = now
-    elif state.panic_since is not None and now - state.panic_since < p.stable_window_s:
-        panic_since = state.panic_since
-    else:
-        panic_since = None
-    panic = panic_since is not None
-    load_target = _ceil(stable)
-    if panic:
-        load_target = max(load_target, _ceil(panic_avg),
-                          state.panic_target if state.panic_since is not None else 0)
-    panic_target = load_target if panic else 0
-    if (inputs.p95_ms is not None and inputs.p95_ms > p.target_p95_ms
-            and inputs.queued > 0 and inputs.ready > 0):
-        load_target = max(load_target, inputs.ready + 1)
-    waiting_at_zero = inputs.current == 0 and inputs.queued + inputs.in_flight > 0
-    if waiting_at_zero:
-        load_target = max(load_target, 1)
-    new_state = ScaleState(kept, panic_since, panic_target)
-
-    affordable = affordable_replicas(inputs.remaining, inputs.price_per_replica_s,
-                                     p.horizon_s, max(p.max_replicas, inputs.current))
-
-    def done(target: int, reason: Reason) -> tuple[Decision, ScaleState]:
-        cost = target * inputs.price_per_replica_s * p.horizon_s
-        return Decision(target, reason, inputs.current, load_target, affordable, panic,
-                        cost, stable, panic_avg), new_state
-
-    if inputs.remaining <= 0 or inputs.runway_s <= 0:
-        return done(0, Reason.RUNWAY_EXHAUSTED)
-
-    # Bounds: the floor (min replicas, warm pool) and the maximum.
-    current = inputs.current
-    floor = p.floor
-    if load_target > p.max_replicas:
-        target, bound = p.max_replicas, Reason.MAX_REPLICAS_BLOCK
-    elif load_target < floor:
-        target, bound = floor, Reason.WARM_POOL_FLOOR
-    else:
-        target, bound = load_target, Reason.HOLD
-
-    # Cooldowns, and a panic never scales down.
-    reason: Reason | None = None
-    from_zero = current == 0 and load_target > 0
-    if target > current and not (panic or from_zero) and inputs.last_scale_up_at is not None \
-            and now - inputs.last_scale_up_at < p.scale_up_cooldown_s:
-        target, reason = current, Reason.COOLDOWN_BLOCK
-    elif target < current and panic:
-        target, reason = current, Reason.HOLD
-    elif target < current:
-        changes = [t for t in (inputs.last_scale_up_at, inputs.last_scale_down_at)
-                   if t is not None]
-        if changes and now - max(changes) < p.scale_down_cooldown_s:
-            target, reason = current, Reason.COOLDOWN_BLOCK
-
-    # Money: never more than the budget pays for over the horizon, and a runway
-    # shorter than the horizon shrinks the endpoint in proportion.
-    cap = affordable if affordable is not None else max(target, current)
-    if inputs.runway_s < p.horizon_s:
-        cap = min(cap, math.floor(current * inputs.runway_s / p.horizon_s))
-    if target > cap:
-        return done(cap, Reason.RUNWAY_SHORT if cap < current else Reason.COST_BUDGET_BLOCK)
-    if reason is not None:
-        return done(target, reason)
-
-    if target > current and from_zero:
-        return done(target, Reason.SCALE_FROM_ZERO)
-    if bound != Reason.HOLD:
-        return done(target, bound)
-    if target > current:
-        return done(target, Reason.SCALE_UP)
-    if target < current:
-        return done(target, Reason.SCALE_DOWN)
-    return done(target, Reason.HOLD)
-
+__all__ = ["Autoscaler", "Reason", "Track"]

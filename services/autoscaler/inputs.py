@@ -17,7 +17,7 @@ from kestrel.endpoints import Priority, horizon_of, units_of
 from kestrel.workloads import CPU_FLAVOR
 from kestrel_sdk import budget
 from kestrel_sdk.v1 import common_pb2
-from services.autoscaler.core import ScaleInputs, ScalePolicy
+from services.autoscaler.domain import ScaleInputs, ScalePolicy
 
 
 @dataclass(frozen=True)

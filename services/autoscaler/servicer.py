@@ -8,7 +8,7 @@ from kestrel.endpoints import ENDPOINT_ID_RE
 from kestrel.errors import NotFound, Violations
 from kestrel.grpcserver import map_errors
 from kestrel_sdk.v1 import autoscaler_pb2, autoscaler_pb2_grpc
-from services.autoscaler.loop import Autoscaler
+from services.autoscaler.core import Autoscaler
 
 
 @map_errors

@@ -21,7 +21,7 @@ from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.service import drain, every, serve_metrics
 from kestrel_sdk.money import parse_amount
 from kestrel_sdk.v1 import common_pb2, events_pb2, meter_pb2, meter_pb2_grpc
-from services.meter.consumer import DURABLE, STREAM, WorkloadConsumer
+from services.meter.consumers import DURABLE, STREAM, WorkloadConsumer
 from services.meter.core import Meter, MeterSettings
 from services.meter.domain import Reason, RunwayFigures
 from services.meter.metrics import MeterMetrics

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench import autoscale_sim as sim
-from services.autoscaler.core import Reason
+from services.autoscaler.domain import Reason
 
 SCENARIOS = {s.name: s for s in sim.scenarios()}
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kestrel.endpoints import Priority
-from services.autoscaler.core import (
+from services.autoscaler.domain import (
     Reason,
     ScaleInputs,
     ScalePolicy,
