@@ -30,9 +30,9 @@ from kestrel.workloads import (
     condition,
     condition_true,
 )
+from kestrel_tools.cluster.dataplane import api_client
 from kestrel_tools.cluster.node import kestrel_image
 from kestrel_tools.cluster.paths import NODE_NAME, ClusterError
-from kestrel_tools.cluster.plane import api_client
 from kestrel_tools.cluster.processes import wait_until
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-// Starts a throwaway plane (scripts/plane.py: devstack + meter, gateway, admission, seeded
+// Starts a throwaway plane (scripts/fixture_plane.py: devstack + meter, gateway, admission, seeded
 // through the public API) and the built console (`next start`) against it; both go at teardown.
 import { spawn, type ChildProcess } from "node:child_process";
 import { createServer } from "node:net";
@@ -19,7 +19,7 @@ function freePort(): Promise<number> {
 }
 
 function startPlane(): Promise<{ proc: ChildProcess; env: Record<string, unknown> }> {
-  const proc = spawn(path.join(REPO, ".venv/bin/python"), [path.join(ROOT, "scripts/plane.py"), "--tick-s", "5"],
+  const proc = spawn(path.join(REPO, ".venv/bin/python"), [path.join(ROOT, "scripts/fixture_plane.py"), "--tick-s", "5"],
     { cwd: REPO, stdio: ["pipe", "pipe", "inherit"] });
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error("plane.py printed no JSON within 120 s")), 120_000);

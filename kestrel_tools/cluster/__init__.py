@@ -28,7 +28,7 @@ modules a caller touches: a production service that reads ``kc.PATHS`` loads
 ``health``             whether each process is alive and each part answers
 ``node``               the CPU pool: containerd, CNI, kubelet, images
 ``kueue``              Kueue's configuration, certificates, CRDs, process
-``plane``              up, repair, down, an apiserver replica, the API client
+``dataplane``          up, repair, down, an apiserver replica, the API client
 ``status``             what ``cluster/status`` prints
 ``__main__``           ``python -m kestrel_tools.cluster up|down|status|build|env``
 =====================  ==============================================================
@@ -53,6 +53,19 @@ if TYPE_CHECKING:
     from kestrel_tools.cluster.build import (
         ensure_binaries,
         missing_binaries,
+    )
+    from kestrel_tools.cluster.dataplane import (
+        api_client,
+        apiserver_replica_pid,
+        cluster_down,
+        down,
+        ensure_cluster,
+        is_up,
+        restart_dead,
+        restart_kueue,
+        start_apiserver_replica,
+        stop_apiserver_replica,
+        up,
     )
     from kestrel_tools.cluster.health import (
         CONTROL_PLANE_COMPONENTS,
@@ -122,19 +135,6 @@ if TYPE_CHECKING:
         kueue_crd_dir,
         read_versions,
     )
-    from kestrel_tools.cluster.plane import (
-        api_client,
-        apiserver_replica_pid,
-        cluster_down,
-        down,
-        ensure_cluster,
-        is_up,
-        restart_dead,
-        restart_kueue,
-        start_apiserver_replica,
-        stop_apiserver_replica,
-        up,
-    )
     from kestrel_tools.cluster.processes import (
         _state_lock,
         kubectl,
@@ -188,21 +188,21 @@ _WHERE = {
     "STATE_DIR": "paths",
     "_state_lock": "processes",
     "_stop_cpu_node": "node",
-    "api_client": "plane",
+    "api_client": "dataplane",
     "apiserver_ready": "health",
-    "apiserver_replica_pid": "plane",
+    "apiserver_replica_pid": "dataplane",
     "binary_paths": "paths",
     "build_images": "node",
-    "cluster_down": "plane",
+    "cluster_down": "dataplane",
     "cluster_info": "paths",
     "containerd_pid": "health",
     "control_plane_alive": "health",
     "cpu_node_ready": "node",
     "data_plane_rss_mib": "health",
-    "down": "plane",
+    "down": "dataplane",
     "ensure_binaries": "build",
-    "ensure_cluster": "plane",
-    "is_up": "plane",
+    "ensure_cluster": "dataplane",
+    "is_up": "dataplane",
     "kestrel_image": "node",
     "kubectl": "processes",
     "kubelet_pid": "health",
@@ -217,13 +217,13 @@ _WHERE = {
     "node_tools_missing": "node",
     "process_health": "health",
     "read_versions": "paths",
-    "restart_dead": "plane",
-    "restart_kueue": "plane",
+    "restart_dead": "dataplane",
+    "restart_kueue": "dataplane",
     "running_kueue_version": "kueue",
     "server_version": "status",
-    "start_apiserver_replica": "plane",
-    "stop_apiserver_replica": "plane",
-    "up": "plane",
+    "start_apiserver_replica": "dataplane",
+    "stop_apiserver_replica": "dataplane",
+    "up": "dataplane",
     "wait_until": "processes",
 }
 __all__ = [  # noqa: RUF022 (the order of _WHERE)

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Sequence
 
 from kestrel_tools.cluster.build import build
+from kestrel_tools.cluster.dataplane import down, up
 from kestrel_tools.cluster.paths import PATHS, ClusterError, binary_paths
-from kestrel_tools.cluster.plane import down, up
 from kestrel_tools.cluster.status import status
 
 

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from kestrel_tools.cluster.build import missing_binaries
+from kestrel_tools.cluster.dataplane import is_up
 from kestrel_tools.cluster.health import apiserver_ready, kueue_ready, process_health
 from kestrel_tools.cluster.kueue import running_kueue_version
 from kestrel_tools.cluster.paths import (
@@ -15,7 +16,6 @@ from kestrel_tools.cluster.paths import (
     cluster_info,
     read_versions,
 )
-from kestrel_tools.cluster.plane import is_up
 from kestrel_tools.cluster.processes import kubectl
 
 

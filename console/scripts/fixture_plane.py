@@ -1,6 +1,6 @@
 """A throwaway Kestrel plane for the console's browser tests (and for trying the console).
 
-    .venv/bin/python console/scripts/plane.py [--tick-s 1]
+    .venv/bin/python console/scripts/fixture_plane.py [--tick-s 1]
 
 Starts, the way the project's tests do (tests/conftest.py: a devstack of its own in a
 temp directory, free ports, real processes), Postgres, NATS JetStream, Redis, the meter,
