@@ -146,6 +146,10 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
         for tenant, book in list(admission.books.items()):
             if book.held or book.holds:
                 reeval.request(tenant)
+        # Held jobs another replica decided (its book, not ours, knows them): a replica
+        # that stopped leaves them to the others, whose next look reloads the tenant.
+        for tenant in await store.held_tenants():
+            reeval.request(tenant)
 
     server = Server(config.host, config.grpc_port,
                     [admission_pb2.DESCRIPTOR.services_by_name["Admission"].full_name],

@@ -1,10 +1,14 @@
 """Admission's cycle, one tenant at a time.
 
-Decisions for a tenant are serialised by that tenant's lock (admission runs as
-one active instance), so two submissions racing for the last of a budget can
-never both be admitted. Each decision reads one snapshot of the ledger
-(credits, charges since the last look, the state of this tenant's started
-allocations), decides with the pure domain, commits, then publishes.
+Decisions for a tenant are serialised by that tenant's lock within a process and
+by its book's version across processes (admission_books: several replicas may run
+at once), so two submissions racing for the last of a budget can never both be
+admitted. Each decision reads one snapshot of the ledger (credits, charges since
+the last look, the state of this tenant's started allocations, its book's
+version), decides with the pure domain, commits only while the book is at the
+version it read, then publishes. A replica whose book is behind (another wrote
+for the tenant) reloads the tenant's holds and held jobs before it decides; one
+whose write was fenced out reads again and decides anew.
 
 A hold is spent when the meter has closed its allocation (its final cost is
 then in the ledger, written in the same transaction); until then it holds
@@ -24,7 +28,7 @@ from typing import TypeVar
 
 from kestrel.batching import Batcher
 from kestrel.clock import Clock, now_us
-from kestrel.errors import FailedPrecondition, NotFound
+from kestrel.errors import FailedPrecondition, NotFound, Unavailable
 from kestrel.jobs import JobRow
 from kestrel.workloads import EventType
 from kestrel_sdk.money import ZERO
@@ -41,7 +45,14 @@ from services.admission.domain import (
     releasable,
 )
 from services.admission.runway_check import Funds
-from services.admission.store import AdmissionStore, NewJob, Snapshot, SnapshotAsk, Transition
+from services.admission.store import (
+    AdmissionStore,
+    NewJob,
+    Snapshot,
+    SnapshotAsk,
+    Stored,
+    Transition,
+)
 
 log = logging.getLogger("kestrel.admission")
 
@@ -62,6 +73,15 @@ _KNOWN_EVENTS = frozenset(int(e) for e in EventType)
 STORE_BATCH = 64
 STORE_IN_FLIGHT = 4
 _NO_DEADLINE_S = 3600.0
+# How many times a decision is made again when another replica wrote for its tenant
+# between its snapshot and its commit (each round, at least one replica commits), and
+# how many times a snapshot reloads a book that is behind before it is used as read.
+FENCE_TRIES = 32
+RELOAD_TRIES = 3
+
+
+class _Stale(Exception):
+    """The tenant's book moved on since the decision read it: nothing was stored."""
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -134,6 +154,7 @@ class Book:
     """What admission remembers of one tenant between decisions."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    version: int = 0  # admission_books' version that holds, started and held reflect
     seq: int = 0
     charged: Decimal = ZERO
     holds: dict[str, Decimal] = field(default_factory=dict)
@@ -159,6 +180,13 @@ class Book:
             self.pending -= amount
         self.started.discard(job_id)
         self.rolling.discard(job_id)
+
+    def wrote(self, version: int | None) -> None:
+        """Our own write left the book at `version` (None: it changed nothing). Unless
+        it is the very next version, another replica wrote in between, and the book
+        stays behind, to be reloaded before the next decision."""
+        if version is not None and version == self.version + 1:
+            self.version = version
 
 
 @dataclass(frozen=True)
@@ -193,17 +221,19 @@ class Admission:
         self.prices: dict[str, Decimal] = {}
         self._snapshots: Batcher[SnapshotAsk, Snapshot] = Batcher(
             self._snapshot_batch, max_batch=STORE_BATCH, max_in_flight=STORE_IN_FLIGHT)
-        self._inserts: Batcher[tuple[str, Sequence[NewJob]], dict[str, JobRow]] = Batcher(
+        self._inserts: Batcher[tuple[str, Sequence[NewJob], int], Stored] = Batcher(
             self._insert_batch, max_batch=STORE_BATCH, max_in_flight=STORE_IN_FLIGHT)
+        self.stale_rounds = 0  # decisions made again: another replica wrote first
 
     async def _snapshot_batch(self, asks: list[SnapshotAsk], timeout_s: float
                               ) -> Sequence[Snapshot | Exception]:
         return await _alone_on_failure(self.store.snapshots, asks)
 
-    async def _insert_batch(self, groups: list[tuple[str, Sequence[NewJob]]],
-                            timeout_s: float) -> Sequence[dict[str, JobRow] | Exception]:
+    async def _insert_batch(self, groups: list[tuple[str, Sequence[NewJob], int]],
+                            timeout_s: float) -> Sequence[Stored | Exception]:
         now = self.clock()
-        return await _alone_on_failure(lambda gs: self.store.insert_many(gs, now), groups)
+        return await _alone_on_failure(lambda gs: self.store.insert_many(
+            [(t, jobs) for t, jobs, _ in gs], now, [v for _, _, v in gs]), groups)
 
     def book(self, tenant: str) -> Book:
         b = self.books.get(tenant)
@@ -222,6 +252,23 @@ class Admission:
             for row in await self.store.held(tenant):
                 self.book(tenant).held[row.job_id] = ask_of(row, self._flavor(row))
 
+    async def _reload(self, tenant: str, b: Book) -> None:
+        """Replace what the book holds of the tenant by what is stored: another replica
+        wrote for it since this one last did."""
+        rows = await self.store.book(tenant)
+        b.holds.clear()
+        b.started.clear()
+        b.rolling.clear()
+        b.held.clear()
+        b.pending = ZERO
+        for job_id, amount, state, rolling in rows.holds:
+            b.hold(job_id, amount, rolling)
+            if state not in (JobState.ADMITTED, JobState.QUEUED):
+                b.start(job_id)
+        for row in rows.held:
+            b.held[row.job_id] = ask_of(row, self._flavor(row))
+        b.version = rows.version
+
     @staticmethod
     def _flavor(row: JobRow) -> str:
         return common_pb2.JobSpec.FromString(row.spec).flavor
@@ -230,14 +277,21 @@ class Admission:
 
     async def _snapshot(self, tenant: str, b: Book, costs: bool) -> Snapshot:
         """Read the ledger once: fold the charges since the last look into the book,
-        and spend the holds whose allocation the meter has closed."""
-        snap = await self._snapshots.call(
-            SnapshotAsk(tenant, b.seq, tuple(sorted(b.started)), costs), _NO_DEADLINE_S)
-        b.charged += snap.charged_since
-        b.seq = snap.seq
+        and spend the holds whose allocation the meter has closed. A book behind the
+        stored version is reloaded and read again (the started holds asked about are
+        the book's)."""
+        for _ in range(RELOAD_TRIES):
+            snap = await self._snapshots.call(
+                SnapshotAsk(tenant, b.seq, tuple(sorted(b.started)), costs), _NO_DEADLINE_S)
+            b.charged += snap.charged_since
+            b.seq = snap.seq
+            if snap.version == b.version:
+                break
+            await self._reload(tenant, b)
         spent = [jid for jid in snap.closed if jid in b.holds]
         if spent:
-            await self.store.release(spent, "allocation closed by the meter", self.clock())
+            b.wrote(await self.store.release(tenant, spent, "allocation closed by the meter",
+                                             self.clock()))
             for jid in spent:
                 b.drop(jid)
         return snap
@@ -333,15 +387,26 @@ class Admission:
                         first_of[("key", sub.key)] = i
                     first_of[("id", sub.ask.job_id)] = i
                     todo.append(i)
-            if todo:
+            for _ in range(FENCE_TRIES if todo else 0):
                 policy, budget = await self._budget(tenant, b)
                 if policy is None:
                     for i in todo:
                         out[i] = NotFound(f"tenant {tenant!r} does not exist")
-                else:
-                    for i, o in zip(todo, await self._decide_and_store(
-                            b, policy, budget, [subs[i] for i in todo]), strict=True):
-                        out[i] = o
+                    break
+                try:
+                    decided = await self._decide_and_store(b, policy, budget,
+                                                           [subs[i] for i in todo])
+                except _Stale:  # another replica wrote first: read again, decide anew
+                    self.stale_rounds += 1
+                    continue
+                for i, o in zip(todo, decided, strict=True):
+                    out[i] = o
+                break
+            else:
+                if todo:
+                    for i in todo:
+                        out[i] = Unavailable(f"tenant {tenant!r}'s budget is contended by "
+                                             "other admission replicas; try again")
             for i, first in repeats.items():
                 done = out[first]
                 out[i] = self._replay(done.job) if isinstance(done, Outcome) else done
@@ -361,8 +426,12 @@ class Admission:
             elif d.verdict is Ruling.HELD:
                 held_priorities.append(sub.ask.priority)
             decided.append((NewJob(sub.ask, sub.name, sub.spec, sub.key, d), budget))
-        rows = await self._inserts.call((policy.tenant, [n for n, _ in decided]),
-                                        _NO_DEADLINE_S)
+        stored = await self._inserts.call((policy.tenant, [n for n, _ in decided], b.version),
+                                          _NO_DEADLINE_S)
+        if stored.version is None:
+            raise _Stale(policy.tenant)
+        b.version = stored.version
+        rows = stored.rows
         # What was stored is held in the book before anything else is awaited: a later
         # failure must not leave a committed hold unknown to the next decision.
         out: list[Outcome | Exception | None] = []
@@ -419,27 +488,41 @@ class Admission:
         b = self.book(tenant)
         released: list[JobRow] = []
         async with b.lock:
-            if not b.held:  # nothing to release: only spend closed holds
+            if not b.held:  # nothing to release (unless the book was behind): spend holds
                 await self._snapshot(tenant, b, costs=False)
-                return released
-            policy, budget = await self._budget(tenant, b)
-            if policy is None:
-                return released
-            for ask, d in releasable(list(b.held.values()), policy, budget, self.prices,
-                                     self.max_node_gpus):
-                row = await self.store.admit_held(ask, d, self.clock())
-                b.held.pop(ask.job_id, None)
-                if row is None:
-                    continue
-                if d.verdict is Ruling.ADMITTED:
-                    b.hold(ask.job_id, d.reserved, ask.rolling)
-                await self.publish(row, JobState.HELD)
-                released.append(row)
+                if not b.held:
+                    return released
+            for _ in range(FENCE_TRIES):
+                policy, budget = await self._budget(tenant, b)
+                if policy is None or not await self._release_held(b, policy, budget,
+                                                                  released):
+                    break
+                self.stale_rounds += 1
         return released
+
+    async def _release_held(self, b: Book, policy: Policy, budget: Budget,
+                            released: list[JobRow]) -> bool:
+        """Admit (or reject) the held jobs that now fit, in order, into `released`;
+        True when another replica wrote for the tenant first (decide again)."""
+        for ask, d in releasable(list(b.held.values()), policy, budget, self.prices,
+                                 self.max_node_gpus):
+            version, row = await self.store.admit_held(ask, d, self.clock(), b.version)
+            if version is None:
+                return True
+            b.wrote(version)
+            b.held.pop(ask.job_id, None)
+            if row is None:
+                continue
+            if d.verdict is Ruling.ADMITTED:
+                b.hold(ask.job_id, d.reserved, ask.rolling)
+            await self.publish(row, JobState.HELD)
+            released.append(row)
+        return False
 
     async def cancel(self, tenant: str, job_id: str, reason: str) -> JobRow:
         b = self.book(tenant)
         async with b.lock:
+            await self._snapshot(tenant, b, costs=False)  # the book current: what started
             row = await self.store.get(job_id)
             if row is None or row.tenant != tenant:
                 raise NotFound(f"job {job_id} not found")
@@ -447,11 +530,12 @@ class Admission:
                 raise FailedPrecondition(f"job {job_id} is already {row.state.name.lower()}")
             never_ran = row.state in (JobState.HELD, JobState.ADMITTED, JobState.QUEUED) and (
                 job_id not in b.started)
-            moved = await self.store.transition(
+            moved, version = await self.store.transition(
                 job_id, JobState.CANCELLED, reason or "cancelled by the tenant", self.clock(),
                 allowed_from=[row.state], release=never_ran)
             if moved is None:
                 raise FailedPrecondition(f"job {job_id} changed state; try again")
+            b.wrote(version)
             prev, new = moved
             b.held.pop(job_id, None)
             if never_ran:
@@ -496,7 +580,11 @@ class Admission:
                         moves.append((i, t))
                 if not moves:
                     continue
-                moved = await self.store.transition_many([t for _, t in moves], self.clock())
+                result = await self.store.transition_many([t for _, t in moves],
+                                                          self.clock())
+                for tenant, version in result.versions.items():
+                    self.book(tenant).wrote(version)
+                moved = result.jobs
                 announce = []
                 for i, t in moves:
                     m = moved.get(t.job_id)

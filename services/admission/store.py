@@ -1,6 +1,9 @@
 """Admission's Postgres adapter. Writes jobs, job_transitions and the budget holds
 (reservations, reservation_releases; open_reservations follows them by trigger):
-admission is their one writer and their schema is in its migrations. Reads what the
+admission is their one writer and their schema is in its migrations. Each tenant's
+book has a version (admission_books, migration 0006): every statement that changes a
+tenant's book bumps it, and those that open a hold are fenced on it, so that several
+admission replicas deciding at once never reserve one budget twice. Reads what the
 meter and the gateway publish for it,
 never their tables: the meter's meter_budget() and current_prices, the gateway's
 tenant_policies, a decision's figures in one statement so it sees one snapshot."""
@@ -60,6 +63,36 @@ class Snapshot:
     seq: int
     closed: frozenset[str]  # of the started job ids asked about: allocation closed
     consumed: dict[str, Decimal]  # started job id -> its ledger cost so far (when asked)
+    version: int = 0  # the tenant's book version (0: no book stored yet)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What one tenant's fenced write stored: the jobs by id, and its book's version
+    after the write; version None when the book had moved on since the decision read it
+    (another replica wrote first): then nothing of the tenant's was stored."""
+
+    version: int | None
+    rows: dict[str, JobRow]
+
+
+@dataclass(frozen=True)
+class BookRows:
+    """A tenant's book as stored, read in one snapshot: its version, open holds
+    (job id, amount, job state, rolling) and held jobs in the order they wait."""
+
+    version: int
+    holds: list[tuple[str, Decimal, JobState, bool]]
+    held: list[JobRow]
+
+
+@dataclass(frozen=True)
+class Moved:
+    """transition_many's answer: the jobs moved (with the state each left) and the new
+    book version of each tenant whose jobs moved."""
+
+    jobs: dict[str, tuple[JobState, JobRow]]
+    versions: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -83,7 +116,8 @@ def _snapshot_of(tenant: str, r: asyncpg.Record) -> Snapshot:
     allocs = json.loads(r["allocs"])
     closed = frozenset(wid for wid, is_closed, _ in allocs if is_closed)
     consumed = {wid: Decimal(c) for wid, _, c in allocs if c is not None}
-    return Snapshot(policy, r["credits"], r["charged"], int(r["seq"]), closed, consumed)
+    return Snapshot(policy, r["credits"], r["charged"], int(r["seq"]), closed, consumed,
+                    int(r["version"]))
 
 
 @dataclass(frozen=True)
@@ -126,7 +160,7 @@ class AdmissionStore:
         started = [(job_id, i) for i, a in enumerate(asks, 1) for job_id in a.started]
         rows = await self.pool.fetch("""
             SELECT p.gpu_quota, p.gpu_borrow, p.suspended, (p.tenant IS NOT NULL) AS known,
-                   b.credits, b.charged, b.seq, b.allocs
+                   b.credits, b.charged, b.seq, b.allocs, coalesce(v.version, 0) AS version
             FROM unnest($1::text[], $2::bigint[], $3::boolean[])
                    WITH ORDINALITY AS t(tenant, after_seq, costs, i)
             CROSS JOIN LATERAL meter_budget(
@@ -135,6 +169,7 @@ class AdmissionStore:
                       WHERE s.i = t.i),
                 t.costs) b
             LEFT JOIN tenant_policies p ON p.tenant = t.tenant
+            LEFT JOIN admission_books v ON v.tenant = t.tenant
             ORDER BY t.i""", [a.tenant for a in asks], [a.after_seq for a in asks],
             [a.costs for a in asks], [j for j, _ in started], [i for _, i in started])
         return [_snapshot_of(a.tenant, r) for a, r in zip(asks, rows, strict=True)]
@@ -150,13 +185,28 @@ class AdmissionStore:
             tenant, list(keys))
         return {r["idempotency_key"]: job_row(r) for r in rows}
 
-    async def insert_many(self, groups: Sequence[tuple[str, Sequence[NewJob]]], now_us: int
-                          ) -> list[dict[str, JobRow]]:
+    async def book(self, tenant: str) -> BookRows:
+        """The tenant's book as stored (a replica whose book is behind reloads it)."""
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
+            version = await conn.fetchval(
+                "SELECT version FROM admission_books WHERE tenant = $1", tenant)
+            holds = await conn.fetch("""
+                SELECT r.reservation_id, r.amount, j.state, r.rolling
+                FROM open_reservations r JOIN jobs j ON j.job_id = r.reservation_id
+                WHERE r.tenant = $1""", tenant)
+            held = await conn.fetch(HELD_OF_TENANT, tenant)
+        return BookRows(int(version or 0),
+                        [(r["reservation_id"], r["amount"], JobState(r["state"]), r["rolling"])
+                         for r in holds], [job_row(r) for r in held])
+
+    async def insert_many(self, groups: Sequence[tuple[str, Sequence[NewJob]]], now_us: int,
+                          expected: Sequence[int]) -> list[Stored]:
         """Store tenants' decided jobs, each tenant's in order (their seq follows the
         order of `groups`, then of each group's jobs), with each one's first transition
-        and, when admitted, its reservation. Returns, for each group, the rows stored
-        by job id: a job whose idempotency key or id was already used is absent, and
-        the caller reports that job instead.
+        and, when admitted, its reservation; each group only while its tenant's book is
+        still at the version its decision read (`expected`, by group), bumping it.
+        Returns, for each group, what was stored: a job whose idempotency key or id was
+        already used is absent, and the caller reports that job instead.
 
         One statement (so one round trip and one implicit transaction) for all of
         them, or nothing at all."""
@@ -174,8 +224,17 @@ class AdmissionStore:
                         now_us if j.decision.verdict is Ruling.REJECTED else 0,
                         j.ask.rolling, tenant), strict=True):
                     col.append(value)
+        order = sorted(range(len(groups)), key=lambda i: groups[i][0])  # locks in one order
         rows = await self.pool.fetch(f"""
-            WITH v AS (
+            WITH book AS (
+              INSERT INTO admission_books AS b (tenant, version)
+              SELECT e.tenant, e.expected + 1
+              FROM unnest($17::text[], $18::bigint[]) WITH ORDINALITY AS e(tenant, expected, o)
+              ORDER BY e.o
+              ON CONFLICT (tenant) DO UPDATE SET version = b.version + 1
+              WHERE b.version = EXCLUDED.version - 1
+              RETURNING b.tenant, b.version),
+            v AS (
               SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int[], $5::int[],
                                    $6::bigint[], $7::smallint[], $8::text[], $9::numeric[],
                                    $10::text[], $11::text[], $12::bigint[], $13::bigint[],
@@ -189,7 +248,7 @@ class AdmissionStore:
                                 created_us, admitted_us, finished_us)
               SELECT job_id, tenant, name, spec, gpus, priority, max_duration_s, state, reason,
                      reserved, priced_flavor, idempotency_key, $16, admitted_us, finished_us
-              FROM v ORDER BY ord
+              FROM v WHERE v.tenant IN (SELECT tenant FROM book) ORDER BY ord
               ON CONFLICT DO NOTHING RETURNING {JOB_COLS}),
             t AS (
               INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, time_us)
@@ -199,23 +258,34 @@ class AdmissionStore:
                                         rolling)
               SELECT j.job_id, j.tenant, j.job_id, j.reserved, $16, v.rolling
               FROM j JOIN v USING (job_id, tenant) WHERE j.state = {int(JobState.ADMITTED)})
-            SELECT * FROM j""", *cols, now_us)
+            SELECT book.tenant AS book_tenant, book.version AS book_version, j.*
+            FROM book LEFT JOIN j ON j.tenant = book.tenant""", *cols, now_us,
+            [groups[i][0] for i in order], [expected[i] for i in order])
+        versions = {r["book_tenant"]: int(r["book_version"]) for r in rows}
         stored: dict[tuple[str, str], JobRow] = {(r["tenant"], r["job_id"]): job_row(r)
-                                                 for r in rows}
-        return [{j.ask.job_id: row for j in jobs
-                 if (row := stored.get((tenant, j.ask.job_id))) is not None}
+                                                 for r in rows if r["job_id"] is not None}
+        return [Stored(versions.get(tenant),
+                       {j.ask.job_id: row for j in jobs
+                        if (row := stored.get((tenant, j.ask.job_id))) is not None})
                 for tenant, jobs in groups]
 
-    async def admit_held(self, ask: JobAsk, d: Decision, now_us: int) -> JobRow | None:
-        """HELD -> ADMITTED (or REJECTED) with its reservation; None if no longer HELD.
-        One statement, like insert()."""
+    async def admit_held(self, ask: JobAsk, d: Decision, now_us: int, expected: int
+                         ) -> tuple[int | None, JobRow | None]:
+        """HELD -> ADMITTED (or REJECTED) with its reservation, while the tenant's book
+        is at `expected`: (its new version, the row), (None, None) when the book had moved
+        on (nothing written), (version, None) when the job is no longer HELD.
+        One statement, like insert_many()."""
         state = JobState.ADMITTED if d.verdict is Ruling.ADMITTED else JobState.REJECTED
         admitted = state is JobState.ADMITTED
-        r = await self.pool.fetchrow(f"""
-            WITH u AS (
+        rows = await self.pool.fetch(f"""
+            WITH book AS (
+              UPDATE admission_books SET version = version + 1
+              WHERE tenant = $11 AND version = $12 RETURNING version),
+            u AS (
               UPDATE jobs SET state = $2, reason = $3, reserved = $4, priced_flavor = $5,
                      admitted_us = $6, finished_us = $7
-              WHERE job_id = $1 AND state = {int(JobState.HELD)} RETURNING {JOB_COLS}),
+              WHERE job_id = $1 AND tenant = $11 AND state = {int(JobState.HELD)}
+                AND EXISTS (SELECT 1 FROM book) RETURNING {JOB_COLS}),
             t AS (
               INSERT INTO job_transitions (job_id, tenant, from_state, to_state, reason, time_us)
               SELECT job_id, tenant, {int(JobState.HELD)}, $2, $3, $8 FROM u),
@@ -223,23 +293,29 @@ class AdmissionStore:
               INSERT INTO reservations (reservation_id, tenant, workload_id, amount, created_us,
                                         rolling)
               SELECT job_id, tenant, job_id, reserved, $8, $10 FROM u WHERE $9::boolean)
-            SELECT * FROM u""",
+            SELECT book.version AS book_version, u.* FROM book LEFT JOIN u ON true""",
             ask.job_id, int(state), d.reason, d.reserved if admitted else 0, d.priced_flavor,
             now_us if admitted else 0, 0 if admitted else now_us, now_us, admitted,
-            ask.rolling)
-        return job_row(r) if r else None
+            ask.rolling, ask.tenant, expected)
+        if not rows:
+            return None, None
+        r = rows[0]
+        return int(r["book_version"]), job_row(r) if r["job_id"] is not None else None
 
     async def transition(self, job_id: str, to: JobState, reason: str, now_us: int, *,
                          allowed_from: Sequence[JobState], release: bool = False,
                          started_us: int = 0, flavor: tuple[str, str] | None = None
-                         ) -> tuple[JobState, JobRow] | None:
-        """Move a job between states; None if it is not in one of `allowed_from`.
+                         ) -> tuple[tuple[JobState, JobRow] | None, int | None]:
+        """Move a job between states: (the state it left, its row), or None if it is not
+        in one of `allowed_from`; and its tenant's new book version (None: not moved).
         With `release`, its reservation is released in the same statement."""
         move = Transition(job_id, to, reason, allowed_from, started_us, *(flavor or ("", "")))
-        return (await self.transition_many([move], now_us, release=release)).get(job_id)
+        moved = await self.transition_many([move], now_us, release=release)
+        got = moved.jobs.get(job_id)
+        return got, moved.versions.get(got[1].tenant) if got else None
 
     async def transition_many(self, moves: Sequence[Transition], now_us: int, *,
-                              release: bool = False) -> dict[str, tuple[JobState, JobRow]]:
+                              release: bool = False) -> Moved:
         """Several jobs' moves (each job at most once) in one statement: the jobs moved,
         by id, with the state each left. A job in none of its `allowed_from` states (or
         unknown) is left as it is and absent from the answer. With `release`, each moved
@@ -247,8 +323,10 @@ class AdmissionStore:
 
         One round trip and one implicit transaction for a whole batch of the placer's
         events (it was five round trips per event once: BEGIN, SELECT FOR UPDATE,
-        UPDATE, INSERT, COMMIT). Rows are locked in job id order, so two batches over
-        the same jobs wait rather than deadlock."""
+        UPDATE, INSERT, COMMIT). The books of the jobs' tenants are locked first, in
+        tenant order, then the jobs in job id order (the fenced writes lock a book before
+        its jobs too), so two statements over the same jobs wait rather than deadlock;
+        the books of the tenants whose jobs moved are bumped."""
         if len({m.job_id for m in moves}) != len(moves):
             raise ValueError("a job may move once per statement")
         rows = await self.pool.fetch(f"""
@@ -257,8 +335,13 @@ class AdmissionStore:
                                    $5::bigint[], $6::text[], $7::text[], $8::int[])
                 AS a(job_id, to_state, reason, terminal, started_us, flavor, flavor_reason,
                      allowed)),
+            books AS MATERIALIZED (
+              SELECT b.tenant FROM admission_books b
+              WHERE b.tenant IN (SELECT j.tenant FROM jobs j JOIN a ON a.job_id = j.job_id)
+              ORDER BY b.tenant FOR UPDATE OF b),
             old AS (
               SELECT j.job_id, j.state FROM jobs j JOIN a ON a.job_id = j.job_id
+              WHERE (SELECT count(*) FROM books) >= 0
               ORDER BY j.job_id FOR UPDATE OF j),
             u AS (
               UPDATE jobs j SET state = a.to_state, reason = a.reason,
@@ -279,14 +362,20 @@ class AdmissionStore:
               INSERT INTO reservation_releases (reservation_id, reason, released_us)
               SELECT r.reservation_id, u.moved_reason, $9 FROM reservations r
               JOIN u ON r.reservation_id = u.job_id WHERE $10::boolean
-              ON CONFLICT DO NOTHING)
-            SELECT * FROM u""",
+              ON CONFLICT DO NOTHING),
+            bump AS (
+              INSERT INTO admission_books AS b (tenant, version)
+              SELECT DISTINCT tenant, 1 FROM u ORDER BY tenant
+              ON CONFLICT (tenant) DO UPDATE SET version = b.version + 1
+              RETURNING b.tenant, b.version)
+            SELECT bump.version AS book_version, u.* FROM u JOIN bump USING (tenant)""",
             [m.job_id for m in moves], [int(m.to) for m in moves],
             [m.reason for m in moves], [m.to.terminal for m in moves],
             [m.started_us for m in moves], [m.flavor for m in moves],
             [m.flavor_reason for m in moves],
             [sum(1 << int(s) for s in set(m.allowed_from)) for m in moves], now_us, release)
-        return {r["job_id"]: (JobState(r["prev_state"]), job_row(r)) for r in rows}
+        return Moved({r["job_id"]: (JobState(r["prev_state"]), job_row(r)) for r in rows},
+                     {r["tenant"]: int(r["book_version"]) for r in rows})
 
     async def set_flavor(self, job_id: str, flavor: str, reason: str) -> None:
         """The placer's choice, recorded whatever the job's state (a HELD job is placed
@@ -295,12 +384,26 @@ class AdmissionStore:
             "UPDATE jobs SET flavor = $2, flavor_reason = $3 WHERE job_id = $1",
             job_id, flavor, reason)
 
-    async def release(self, job_ids: Sequence[str], reason: str, now_us: int) -> None:
-        await self.pool.execute(
-            "INSERT INTO reservation_releases (reservation_id, reason, released_us) "
-            "SELECT reservation_id, $2, $3 FROM reservations "
-            "WHERE reservation_id = ANY($1::text[]) ON CONFLICT DO NOTHING",
-            list(job_ids), reason, now_us)
+    async def release(self, tenant: str, job_ids: Sequence[str], reason: str, now_us: int
+                      ) -> int | None:
+        """Release the tenant's holds `job_ids`: its book's new version, None when none
+        was still open (another replica released them first)."""
+        version = await self.pool.fetchval("""
+            WITH book AS MATERIALIZED (
+              SELECT tenant FROM admission_books WHERE tenant = $4 FOR UPDATE),
+            r AS (
+              INSERT INTO reservation_releases (reservation_id, reason, released_us)
+              SELECT reservation_id, $2, $3 FROM reservations
+              WHERE reservation_id = ANY($1::text[]) AND tenant = $4
+                AND (SELECT count(*) FROM book) >= 0
+              ON CONFLICT DO NOTHING RETURNING reservation_id),
+            bump AS (
+              INSERT INTO admission_books AS b (tenant, version)
+              SELECT $4, 1 WHERE EXISTS (SELECT 1 FROM r)
+              ON CONFLICT (tenant) DO UPDATE SET version = b.version + 1
+              RETURNING b.version)
+            SELECT version FROM bump""", list(job_ids), reason, now_us, tenant)
+        return int(version) if version is not None else None
 
     async def open_holds(self) -> list[tuple[str, str, Decimal, int, bool]]:
         """(tenant, job id, amount, state, rolling) of every unreleased reservation."""

@@ -109,17 +109,18 @@ async def test_several_tenants_jobs_in_one_insert_land_each_under_its_tenant(
     try:
         store = AdmissionStore(pool)
         (first,) = await store.insert_many([("acme", [_new_job("acme", "j-1", Ruling.HELD)])],
-                                           10)
+                                           10, [0])
         out = await store.insert_many([
             ("acme", [_new_job("acme", "j-2", Ruling.ADMITTED),
                       _new_job("acme", "j-3", Ruling.REJECTED)]),
             # j-1 is acme's already: absent from beta's answer, beta's other job stored.
             ("beta", [_new_job("beta", "j-1", Ruling.ADMITTED),
-                      _new_job("beta", "j-4", Ruling.ADMITTED)])], 20)
+                      _new_job("beta", "j-4", Ruling.ADMITTED)])], 20, [1, 0])
     finally:
         await pool.close()
-    assert list(first) == ["j-1"]
-    assert [sorted(o) for o in out] == [["j-2", "j-3"], ["j-4"]]
+    assert list(first.rows) == ["j-1"] and first.version == 1
+    assert [sorted(o.rows) for o in out] == [["j-2", "j-3"], ["j-4"]]
+    assert [o.version for o in out] == [2, 1]
     rows = {r["job_id"]: (r["tenant"], r["state"]) for r in
             await owner.fetch("SELECT job_id, tenant, state FROM jobs")}
     assert rows == {"j-1": ("acme", JobState.HELD), "j-2": ("acme", JobState.ADMITTED),
@@ -139,11 +140,11 @@ async def test_held_jobs_are_counted_per_tenant_and_kind_of_reason_in_postgres(
         store = AdmissionStore(pool)
         await store.insert_many([("acme", [_new_job("acme", "a-1", Ruling.HELD, reason=budget),
                                            _new_job("acme", "a-2", Ruling.ADMITTED)])],
-                                1_000_000)
+                                1_000_000, [0])
         await store.insert_many([("acme", [_new_job("acme", "a-3", Ruling.HELD, reason=behind),
                                            _new_job("acme", "a-4", Ruling.HELD, reason=behind)]),
                                  ("beta", [_new_job("beta", "b-1", Ruling.HELD, reason=behind)])],
-                                3_000_000)
+                                3_000_000, [1, 0])
         metrics = AdmissionMetrics(CollectorRegistry())
         await metrics.read_held(pool, ["idle"])
     finally:

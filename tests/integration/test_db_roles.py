@@ -317,7 +317,8 @@ async def test_provisioning_adopts_a_database_the_superuser_migrated(
             "0008_open_reservations.sql", "0009_reads_for_others.sql"]
         assert await migrate(owner, "admission", ADMISSION_MIGRATIONS) == [
             "0001_jobs.sql", "0002_roles.sql", "0003_reads_for_others.sql",
-            "0004_budget_holds.sql", "0005_open_holds_by_workload.sql"]
+            "0004_budget_holds.sql", "0005_open_holds_by_workload.sql",
+            "0006_tenant_books.sql"]
         assert await owner.fetchval("SELECT array_agg(reservation_id) FROM open_reservations") \
             == ["old-open"]
         assert await owner.fetchval("SELECT array_agg(workload_id) FROM open_holds") == ["w"]

@@ -20,7 +20,15 @@ from kestrel.workloads import EventType
 from kestrel_sdk.v1 import common_pb2
 from services.admission.core import Admission, Outcome, Submission, WorkloadChange, waves
 from services.admission.domain import Decision, JobAsk, JobState, Policy, Ruling
-from services.admission.store import NewJob, Snapshot, SnapshotAsk, Transition
+from services.admission.store import (
+    BookRows,
+    Moved,
+    NewJob,
+    Snapshot,
+    SnapshotAsk,
+    Stored,
+    Transition,
+)
 
 PRICE = Decimal("0.001")  # per GPU-second: a 1-GPU, 100 s job reserves 0.1
 SPEC = common_pb2.JobSpec(name="train", gpus=1, flavor="gpu-h100",
@@ -39,6 +47,14 @@ class Store:
     statements: int = 0  # transition_many calls
     snapshot_calls: list[list[str]] = field(default_factory=list)  # tenants, by statement
     insert_calls: list[list[str]] = field(default_factory=list)
+    versions: dict[str, int] = field(default_factory=dict)  # admission_books
+
+    def _bump(self, tenant: str, expected: int | None = None) -> int | None:
+        """The book's next version, or None when `expected` is given and not current."""
+        if expected is not None and self.versions.get(tenant, 0) != expected:
+            return None
+        self.versions[tenant] = self.versions.get(tenant, 0) + 1
+        return self.versions[tenant]
 
     async def prices(self) -> dict[str, Decimal]:
         return {"gpu-h100": PRICE}
@@ -48,7 +64,8 @@ class Store:
         if self.interleave:
             await asyncio.sleep(0)
         if tenant not in self.credits:
-            return Snapshot(None, Decimal(0), Decimal(0), after_seq, frozenset(), {})
+            return Snapshot(None, Decimal(0), Decimal(0), after_seq, frozenset(), {},
+                            self.versions.get(tenant, 0))
         rows = [(i + 1, t, j, c) for i, (t, j, c) in enumerate(self.ledger) if t == tenant]
         since = [r for r in rows if r[0] > after_seq]
         consumed = {j: sum((c for _, _, jj, c in rows if jj == j), Decimal(0))
@@ -56,16 +73,30 @@ class Store:
         return Snapshot(Policy(tenant, {"gpu-h100": 8}, False), self.credits[tenant],
                         sum((r[3] for r in since), Decimal(0)),
                         max([after_seq, *(r[0] for r in since)]),
-                        frozenset(j for j in started if j in self.closed), consumed)
+                        frozenset(j for j in started if j in self.closed), consumed,
+                        self.versions.get(tenant, 0))
 
     async def snapshots(self, asks: Sequence[SnapshotAsk]) -> list[Snapshot]:
         self.snapshot_calls.append([a.tenant for a in asks])
         return [await self.snapshot(a.tenant, a.after_seq, a.started, a.costs) for a in asks]
 
-    async def release(self, job_ids: Sequence[str], reason: str, now_us: int) -> None:
-        for j in job_ids:
-            if self.holds.pop(j, None) is not None:
-                self.released.append(j)
+    async def release(self, tenant: str, job_ids: Sequence[str], reason: str, now_us: int
+                      ) -> int | None:
+        if self.interleave:
+            await asyncio.sleep(0)
+        return self._release(tenant, job_ids)
+
+    def _release(self, tenant: str, job_ids: Sequence[str]) -> int | None:
+        done = [j for j in job_ids if self.holds.pop(j, None) is not None]
+        self.released += done
+        return self._bump(tenant) if done else None
+
+    async def book(self, tenant: str) -> BookRows:
+        return BookRows(self.versions.get(tenant, 0),
+                        [(j, a, self.jobs[j].state, False) for j, a in self.holds.items()
+                         if self.jobs[j].tenant == tenant],
+                        [r for r in self.jobs.values()
+                         if r.tenant == tenant and r.state is JobState.HELD])
 
     async def find_by_keys(self, tenant: str, keys: Sequence[str]) -> dict[str, JobRow]:
         return {r.idempotency_key: r for r in self.jobs.values()
@@ -89,9 +120,16 @@ class Store:
         return stored
 
     async def insert_many(self, groups: Sequence[tuple[str, Sequence[NewJob]]],
-                          now_us: int) -> list[dict[str, JobRow]]:
+                          now_us: int, expected: Sequence[int]) -> list[Stored]:
         self.insert_calls.append([t for t, _ in groups])
-        return [await self.insert(t, jobs, now_us) for t, jobs in groups]
+        out = []
+        for (t, jobs), version in zip(groups, expected, strict=True):
+            if self.interleave:
+                await asyncio.sleep(0)
+            bumped = self._bump(t, version)  # checked and bumped at once, as one statement
+            out.append(Stored(bumped, {} if bumped is None else
+                              await self.insert(t, jobs, now_us)))
+        return out
 
     def _insert_one(self, ask: JobAsk, spec: bytes, key: str, d: Decision,
                     now_us: int) -> JobRow | None:
@@ -110,22 +148,27 @@ class Store:
             self.holds[ask.job_id] = d.reserved
         return row
 
-    async def admit_held(self, ask: JobAsk, d: Decision, now_us: int) -> JobRow | None:
+    async def admit_held(self, ask: JobAsk, d: Decision, now_us: int, expected: int
+                         ) -> tuple[int | None, JobRow | None]:
+        if self.interleave:
+            await asyncio.sleep(0)
+        version = self._bump(ask.tenant, expected)
+        if version is None:
+            return None, None
         row = self.jobs.get(ask.job_id)
         if row is None or row.state is not JobState.HELD:
-            return None
+            return version, None
         admitted = d.verdict is Ruling.ADMITTED
         row = self.jobs[ask.job_id] = replace(
             row, state=JobState.ADMITTED if admitted else JobState.REJECTED, reason=d.reason,
             reserved=d.reserved if admitted else Decimal(0))
         if admitted:
             self.holds[ask.job_id] = d.reserved
-        return row
+        return version, row
 
-    async def transition(self, job_id: str, to: JobState, reason: str, now_us: int, *,
-                         allowed_from: Sequence[JobState], release: bool = False,
-                         started_us: int = 0, flavor: tuple[str, str] | None = None
-                         ) -> tuple[JobState, JobRow] | None:
+    def _move(self, job_id: str, to: JobState, reason: str, *,
+              allowed_from: Sequence[JobState], release: bool = False, started_us: int = 0,
+              flavor: tuple[str, str] | None = None) -> tuple[JobState, JobRow] | None:
         row = self.jobs.get(job_id)
         if row is None or row.state not in allowed_from:
             return None
@@ -133,21 +176,30 @@ class Store:
                                     started_us=row.started_us or started_us,
                                     flavor=flavor[0] if flavor else row.flavor)
         if release:
-            await self.release([job_id], reason, now_us)
+            self._release(row.tenant, [job_id])
         return row.state, self.jobs[job_id]
 
-    async def transition_many(self, moves: Sequence[Transition], now_us: int
-                              ) -> dict[str, tuple[JobState, JobRow]]:
+    async def transition(self, job_id: str, to: JobState, reason: str, now_us: int, *,
+                         allowed_from: Sequence[JobState], release: bool = False,
+                         started_us: int = 0, flavor: tuple[str, str] | None = None
+                         ) -> tuple[tuple[JobState, JobRow] | None, int | None]:
+        moved = self._move(job_id, to, reason, allowed_from=allowed_from, release=release,
+                           started_us=started_us, flavor=flavor)
+        return moved, self._bump(moved[1].tenant) if moved else None
+
+    async def transition_many(self, moves: Sequence[Transition], now_us: int) -> Moved:
         assert len({m.job_id for m in moves}) == len(moves)
         self.statements += 1
         out = {}
         for m in moves:
-            moved = await self.transition(
-                m.job_id, m.to, m.reason, now_us, allowed_from=m.allowed_from,
+            moved = self._move(
+                m.job_id, m.to, m.reason, allowed_from=m.allowed_from,
                 started_us=m.started_us, flavor=(m.flavor, m.flavor_reason) if m.flavor else None)
             if moved is not None:
                 out[m.job_id] = moved
-        return out
+        versions = {t: v for t in sorted({r.tenant for _, r in out.values()})
+                    if (v := self._bump(t)) is not None}
+        return Moved(out, versions)
 
     async def set_flavor(self, job_id: str, flavor: str, reason: str) -> None:
         self.jobs[job_id] = replace(self.jobs[job_id], flavor=flavor, flavor_reason=reason)
@@ -206,6 +258,61 @@ async def test_an_unknown_tenant_is_not_found_and_nothing_is_stored() -> None:
 
 def sub(job_id: str, tenant: str = "acme", key: str = "", priority: int = 0) -> Submission:
     return Submission(ask(job_id, tenant, priority), "n", SPEC, key)
+
+
+# --- several replicas over one store (issue 49) ------------------------------------
+
+
+async def test_two_replicas_racing_for_the_last_of_a_budget_never_both_get_it() -> None:
+    store = Store(credits={"acme": Decimal("0.1")}, interleave=True)
+    (a, _), (b, _) = admission(store), admission(store)
+    outs = await asyncio.gather(a.admit(ask("j1"), "n", SPEC, ""),
+                                b.admit(ask("j2"), "n", SPEC, ""))
+    assert sorted(o.decision.verdict.name for o in outs) == ["ADMITTED", "HELD"]
+    assert list(store.holds) == [next(o.job.job_id for o in outs
+                                      if o.decision.verdict is Ruling.ADMITTED)]
+    assert a.stale_rounds + b.stale_rounds == 1  # the one fenced out decided again
+
+
+async def test_a_replica_whose_book_is_behind_reloads_it_before_deciding() -> None:
+    store = Store(credits={"acme": Decimal("0.15")})
+    (a, _), (b, _) = admission(store), admission(store)
+    await a.admit(ask("j1"), "n", SPEC, "")  # b has not heard of this hold
+    out = await b.admit(ask("j2"), "n", SPEC, "")
+    assert out.decision.verdict is Ruling.HELD  # 0.05 left: b counted a's hold
+    assert b.books["acme"].holds == {"j1": Decimal("0.1")} and b.stale_rounds == 0
+
+
+async def test_a_job_one_replica_held_is_released_by_another_that_freed_its_room() -> None:
+    store = Store(credits={"acme": Decimal("0.1")})
+    (a, _), (b, told_b) = admission(store), admission(store)
+    await a.admit(ask("j1"), "n", SPEC, "")
+    assert (await a.admit(ask("j2"), "n", SPEC, "")).decision.verdict is Ruling.HELD
+    await b.cancel("acme", "j1", "")  # never ran: its hold is freed, j2 fits
+    assert store.jobs["j2"].state is JobState.ADMITTED and list(store.holds) == ["j2"]
+    assert ("j2", JobState.HELD, JobState.ADMITTED) in told_b
+    out = await a.admit(ask("j3"), "n", SPEC, "")  # a's book is behind: reloaded
+    assert out.decision.verdict is Ruling.HELD
+
+
+async def test_three_replicas_admit_exactly_what_one_would_under_concurrency() -> None:
+    budgets = {"acme": Decimal("1.0"), "beta": Decimal("0.5"), "gamma": Decimal("0.05")}
+    store = Store(credits=dict(budgets), interleave=True)
+    replicas = [admission(store)[0] for _ in range(3)]
+    subs = [sub(f"{t}-{i}", t) for i in range(20) for t in budgets]
+    outs = await asyncio.gather(*(replicas[i % 3].admit_many([s])
+                                  for i, s in enumerate(subs)))
+    verdicts: dict[str, list[str]] = {t: [] for t in budgets}
+    for (o,) in outs:
+        assert isinstance(o, Outcome)
+        verdicts[o.job.tenant].append(o.decision.verdict.name)
+    # Each job reserves 0.1: a budget of 1.0 admits 10 of 20, 0.5 five, 0.05 none.
+    assert {t: v.count("ADMITTED") for t, v in verdicts.items()} == {
+        "acme": 10, "beta": 5, "gamma": 0}
+    for tenant, credits in budgets.items():
+        held = sum((a for j, a in store.holds.items() if store.jobs[j].tenant == tenant),
+                   Decimal(0))
+        assert held <= credits
 
 
 async def test_a_batch_is_decided_in_order_each_seeing_the_holds_before_it() -> None:

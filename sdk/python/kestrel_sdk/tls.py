@@ -17,6 +17,7 @@ its own can still verify the gateway when the gateway does not require one).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -75,17 +76,53 @@ class Tls:
                                             certificate_chain=self.cert)
 
 
+def dial_target(address: str) -> tuple[str, list[tuple[str, str | int]]]:
+    """The gRPC target and channel options for `address`: one `host:port`, a
+    `dns:///name:port` (every address the name resolves to), or several replicas as
+    `ip:port,ip:port` (on loopback: one port each). The last two balance calls round
+    robin over every replica instead of pinning the channel to the first one."""
+    parts = [a.strip() for a in address.split(",") if a.strip()]
+    if len(parts) <= 1 and not address.startswith("dns:"):
+        return address, []
+    balanced: list[tuple[str, str | int]] = [("grpc.lb_policy_name", "round_robin")]
+    if address.startswith("dns:"):
+        return address, balanced
+    hosts = []
+    for part in parts:
+        host, sep, port = part.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not port.isdigit():
+            raise ValueError(f"{address!r}: {part!r} is not ip:port")
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(
+                f"{address!r}: a list of replicas takes IP addresses ({host!r} is a name); "
+                "for a name, give one that resolves to every replica as dns:///name:port"
+            ) from None
+        hosts.append((ip, port))
+    if len({ip.version for ip, _ in hosts}) != 1:
+        raise ValueError(f"{address!r}: the replicas' addresses mix IPv4 and IPv6")
+    scheme = "ipv4" if hosts[0][0].version == 4 else "ipv6"
+    target = f"{scheme}:" + ",".join(
+        f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}" for ip, port in hosts)
+    # The authority a server certificate is checked against: the first replica's.
+    return target, [*balanced, ("grpc.default_authority", parts[0])]
+
+
 def channel(address: str, tls: Tls | None = None) -> grpc.Channel:
     """A blocking channel: TLS when KESTREL_TLS_CA_FILE is set, else plaintext."""
     t = tls if tls is not None else Tls.from_env()
+    target, options = dial_target(address)
     if t.dialing:
-        return grpc.secure_channel(address, t.channel_credentials())
-    return grpc.insecure_channel(address)
+        return grpc.secure_channel(target, t.channel_credentials(), options=options)
+    return grpc.insecure_channel(target, options=options)
 
 
 def aio_channel(address: str, tls: Tls | None = None) -> grpc.aio.Channel:
     """An asyncio channel, likewise."""
     t = tls if tls is not None else Tls.from_env()
+    target, options = dial_target(address)
     if t.dialing:
-        return grpc.aio.secure_channel(address, t.channel_credentials())
-    return grpc.aio.insecure_channel(address)
+        return grpc.aio.secure_channel(target, t.channel_credentials(), options=options)
+    return grpc.aio.insecure_channel(target, options=options)
