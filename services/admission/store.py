@@ -44,6 +44,25 @@ def _qualified(alias: str, cols: str) -> str:
     return ", ".join(f"{alias}.{c.strip()}" for c in cols.split(","))
 
 
+def _bump_books(rows: str, fence: str = "") -> str:
+    """The one way a statement moves tenants' books on: `rows` gives (tenant, version
+    for a book not yet stored); a stored book's version goes up by one, only where
+    `fence` holds when there is one. Alias `b` names the book in RETURNING."""
+    return (f"INSERT INTO admission_books AS b (tenant, version) {rows} "
+            f"ON CONFLICT (tenant) DO UPDATE SET version = b.version + 1 {fence}")
+
+
+# insert_many: each tenant's book, only where it is still at the version expected ($17, $18)
+_BUMP_EXPECTED = _bump_books(
+    "SELECT e.tenant, e.expected + 1 "
+    "FROM unnest($17::text[], $18::bigint[]) WITH ORDINALITY AS e(tenant, expected, o) "
+    "ORDER BY e.o", fence="WHERE b.version = EXCLUDED.version - 1")
+# transition_many: the books of the tenants whose jobs moved (CTE u)
+_BUMP_MOVED = _bump_books("SELECT DISTINCT tenant, 1 FROM u ORDER BY tenant")
+# release: tenant $4's book, when a hold was released (CTE r)
+_BUMP_RELEASED = _bump_books("SELECT $4, 1 WHERE EXISTS (SELECT 1 FROM r)")
+
+
 @dataclass(frozen=True)
 class NewJob:
     """A decided job, to be stored."""
@@ -227,12 +246,7 @@ class AdmissionStore:
         order = sorted(range(len(groups)), key=lambda i: groups[i][0])  # locks in one order
         rows = await self.pool.fetch(f"""
             WITH book AS (
-              INSERT INTO admission_books AS b (tenant, version)
-              SELECT e.tenant, e.expected + 1
-              FROM unnest($17::text[], $18::bigint[]) WITH ORDINALITY AS e(tenant, expected, o)
-              ORDER BY e.o
-              ON CONFLICT (tenant) DO UPDATE SET version = b.version + 1
-              WHERE b.version = EXCLUDED.version - 1
+              {_BUMP_EXPECTED}
               RETURNING b.tenant, b.version),
             v AS (
               SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::int[], $5::int[],
@@ -364,9 +378,7 @@ class AdmissionStore:
               JOIN u ON r.reservation_id = u.job_id WHERE $10::boolean
               ON CONFLICT DO NOTHING),
             bump AS (
-              INSERT INTO admission_books AS b (tenant, version)
-              SELECT DISTINCT tenant, 1 FROM u ORDER BY tenant
-              ON CONFLICT (tenant) DO UPDATE SET version = b.version + 1
+              {_BUMP_MOVED}
               RETURNING b.tenant, b.version)
             SELECT bump.version AS book_version, u.* FROM u JOIN bump USING (tenant)""",
             [m.job_id for m in moves], [int(m.to) for m in moves],
@@ -388,7 +400,7 @@ class AdmissionStore:
                       ) -> int | None:
         """Release the tenant's holds `job_ids`: its book's new version, None when none
         was still open (another replica released them first)."""
-        version = await self.pool.fetchval("""
+        version = await self.pool.fetchval(f"""
             WITH book AS MATERIALIZED (
               SELECT tenant FROM admission_books WHERE tenant = $4 FOR UPDATE),
             r AS (
@@ -398,9 +410,7 @@ class AdmissionStore:
                 AND (SELECT count(*) FROM book) >= 0
               ON CONFLICT DO NOTHING RETURNING reservation_id),
             bump AS (
-              INSERT INTO admission_books AS b (tenant, version)
-              SELECT $4, 1 WHERE EXISTS (SELECT 1 FROM r)
-              ON CONFLICT (tenant) DO UPDATE SET version = b.version + 1
+              {_BUMP_RELEASED}
               RETURNING b.version)
             SELECT version FROM bump""", list(job_ids), reason, now_us, tenant)
         return int(version) if version is not None else None

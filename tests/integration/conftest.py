@@ -5,15 +5,34 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import asyncpg
 import grpc
 import pytest
 import redis.asyncio as aioredis
 
+from kestrel.db import migrate
+from kestrel.pgroles import OWNER_ROLE
 from kestrel_sdk.v1 import gateway_pb2_grpc
 from kestrel_tools.devstack import free_port
 from kestrel_tools.procs import ServiceProcess
+from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
+from services.gateway.store import MIGRATIONS as GATEWAY_MIGRATIONS
+from services.meter.store import MIGRATIONS as METER_MIGRATIONS
 from tests.conftest import Plane
 from tests.integration.endpoint_world import World, _create, make_tenant
+
+
+@pytest.fixture
+async def owner(database: str, role_dsn: Callable[[str], str]
+                ) -> AsyncIterator[asyncpg.Connection]:
+    """A connection as the schema owner to this test's database, with the meter's,
+    the gateway's and admission's migrations applied (the order `make up` runs them)."""
+    conn = await asyncpg.connect(role_dsn(OWNER_ROLE))
+    for component, directory in (("meter", METER_MIGRATIONS), ("gateway", GATEWAY_MIGRATIONS),
+                                 ("admission", ADMISSION_MIGRATIONS)):
+        await migrate(conn, component, directory)
+    yield conn
+    await conn.close()
 
 
 @pytest.fixture

@@ -4,16 +4,14 @@ ever submitted."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from decimal import Decimal
 
 import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kestrel.db import migrate
 from kestrel.jobs import JOB_COLS
-from kestrel.pgroles import OWNER_ROLE
 from services.admission.domain import QUEUED_BEHIND, Decision, JobAsk, JobState, Ruling
 from services.admission.metrics import AdmissionMetrics, HeldCount
 from services.admission.store import (
@@ -24,22 +22,8 @@ from services.admission.store import (
     NewJob,
     SnapshotAsk,
 )
-from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
-from services.gateway.store import MIGRATIONS as GATEWAY_MIGRATIONS
-from services.meter.store import MIGRATIONS as METER_MIGRATIONS
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def owner(database: str, role_dsn: Callable[[str], str]
-                ) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(role_dsn(OWNER_ROLE))
-    for component, directory in (("meter", METER_MIGRATIONS), ("gateway", GATEWAY_MIGRATIONS),
-                                 ("admission", ADMISSION_MIGRATIONS)):
-        await migrate(conn, component, directory)
-    yield conn
-    await conn.close()
 
 
 async def _generic_plan(conn: asyncpg.Connection, sql: str, args: str) -> str:

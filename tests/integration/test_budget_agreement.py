@@ -12,7 +12,7 @@ at the same ledger sequence.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from decimal import Decimal
 
 import asyncpg
@@ -20,18 +20,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kestrel.db import create_pool, migrate
-from kestrel.pgroles import OWNER_ROLE
+from kestrel.db import create_pool
 from kestrel.workloads import EventType
 from kestrel_sdk.v1 import common_pb2
 from services.admission.core import Admission
 from services.admission.domain import JobAsk
-from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
 from services.admission.store import AdmissionStore
-from services.gateway.store import MIGRATIONS as GATEWAY_MIGRATIONS
 from services.meter.core import Meter, MeterSettings
 from services.meter.domain import Event
-from services.meter.store import MIGRATIONS as METER_MIGRATIONS
 from services.meter.store import MeterStore
 
 pytestmark = pytest.mark.integration
@@ -40,15 +36,7 @@ PRICE = Decimal("0.001")
 
 
 @pytest.fixture
-async def pool(database: str, role_dsn: Callable[[str], str]) -> AsyncIterator[asyncpg.Pool]:
-    owner = await asyncpg.connect(role_dsn(OWNER_ROLE))
-    try:
-        for component, directory in (("meter", METER_MIGRATIONS),
-                                     ("gateway", GATEWAY_MIGRATIONS),
-                                     ("admission", ADMISSION_MIGRATIONS)):
-            await migrate(owner, component, directory)
-    finally:
-        await owner.close()
+async def pool(database: str, owner: asyncpg.Connection) -> AsyncIterator[asyncpg.Pool]:
     p = await create_pool(database, max_size=4)
     yield p
     await p.close()
