@@ -74,7 +74,9 @@ class ServiceProcess:
     # Detached: its own session, so it outlives the command that started it.
     detach: bool = False
 
-    def start(self, timeout_s: float = 60.0) -> ServiceProcess:
+    def spawn(self) -> ServiceProcess:
+        """Start the process without waiting for it to serve (a standby that serves
+        only once it leads); `wait()` waits."""
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
@@ -83,11 +85,19 @@ class ServiceProcess:
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=self.detach)
         log.close()
+        return self
+
+    def wait(self, timeout_s: float = 60.0) -> ServiceProcess:
+        """Until its gRPC health says SERVING (RuntimeError if it exits first)."""
         # Ask for this service by name: another server on the same port (a port that
         # two free_port() calls both handed out) must not pass for it.
         wait_serving(self.grpc_address, timeout_s, service=f"kestrel.v1.{self.name.title()}",
-                     proc=self.proc, log=self.log_path, tls=Tls.from_env(env))
+                     proc=self.proc, log=self.log_path,
+                     tls=Tls.from_env({**os.environ, **self.env}))
         return self
+
+    def start(self, timeout_s: float = 60.0) -> ServiceProcess:
+        return self.spawn().wait(timeout_s)
 
     @property
     def pid(self) -> int:

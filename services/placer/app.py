@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import asyncpg
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kestrel import bus, checkfeed, runway
 from kestrel.config import Stores, env_int, env_str, local_image_record, local_kubeconfig
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
+from kestrel.lease import Elector
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.runway import Runways
 from kestrel.service import drain, every, serve_metrics
@@ -51,6 +58,11 @@ class PlacerConfig:
     kube_threads: int
     ack_wait_s: int = ACK_WAIT_S
     orphan_s: float = 30.0  # how often replicas nothing would stop are looked for
+    # Leader election: with a Lease name, of several placers only its holder acts (the
+    # others wait, connected, to take over); "" runs one placer without a Lease.
+    lease: str = ""
+    lease_namespace: str = "default"
+    lease_s: int = 3
 
     @classmethod
     def from_env(cls) -> PlacerConfig:
@@ -77,7 +89,51 @@ class PlacerConfig:
             kube_threads=env_int("KESTREL_PLACER_KUBE_THREADS", 32),
             ack_wait_s=env_int("KESTREL_PLACER_ACK_WAIT_S", ACK_WAIT_S),
             orphan_s=float(env_str("KESTREL_PLACER_ORPHAN_S", "30")),
+            lease=env_str("KESTREL_PLACER_LEASE", ""),
+            lease_namespace=env_str("KESTREL_PLACER_LEASE_NAMESPACE", "default"),
+            lease_s=env_int("KESTREL_PLACER_LEASE_S", 3),
         )
+
+
+async def _until_leading(elector: Elector, stop: asyncio.Event) -> bool:
+    """Wait, warm, until this placer holds the Lease (True) or is stopped (False)."""
+    while not elector.leading:
+        if stop.is_set():
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.1)
+    return True
+
+
+async def _step_down_on_loss(elector: Elector, stop: asyncio.Event) -> None:
+    """A leader that no longer holds the Lease stops, as client-go's leaderelection
+    users do (Kueue's manager exits): another placer leads now, and a process that
+    restarts comes back as a standby. What it has in flight finishes during the drain;
+    a Job is named by its job id, so one placed by both is still one Job."""
+    while elector.leading and not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.1)
+    if not stop.is_set():
+        log.error("lost Lease %s/%s: stopping, another placer leads", elector.namespace,
+                  elector.name)
+        stop.set()
+
+
+async def _stop_standby(tasks: list[asyncio.Task[None]], elector: Elector | None,
+                        nc: NATS | None, pool: asyncpg.Pool | None) -> None:
+    """End the lease tasks and give the Lease up if held (a standby takes over at once);
+    close the stores when given (a standby stopped before it led)."""
+    for t in tasks:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(t, timeout=5)
+    if elector is not None:
+        await asyncio.to_thread(elector.release)
+    if nc is not None:
+        await nc.close()
+    if pool is not None:
+        await pool.close()
+    if elector is not None and nc is not None:
+        log.info("stopped as a standby")
 
 
 async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
@@ -133,6 +189,24 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
         observer.check_sync()
 
     observer.publish_checks = publish_checks
+    lease_tasks: list[asyncio.Task[None]] = []
+    elector: Elector | None = None
+    if config.lease:
+        identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        elector = Elector(kube.api, config.lease, config.lease_namespace, identity,
+                          duration_s=config.lease_s, renew_s=max(0.2, config.lease_s / 6))
+        leader = Gauge("kestrel_placer_leader", "1 while this placer holds the Lease",
+                       registry=registry)
+        leader.set_function(lambda: float(elector is not None and elector.leading))
+        lease_tasks.append(asyncio.create_task(elector.run(stop), name="lease"))
+        log.info("standby: waiting for Lease %s/%s as %s", config.lease_namespace,
+                 config.lease, identity)
+        if not await _until_leading(elector, stop):
+            await _stop_standby(lease_tasks, elector, nc, pool)
+            return
+        lease_tasks.append(asyncio.create_task(_step_down_on_loss(elector, stop),
+                                               name="lease-loss"))
+        mark("lease")
     await nc.subscribe(checkfeed.SYNC_SUBJECT, cb=on_check_sync)
     await bus.retry_forever("admission check", tenancy.ensure_admission_check)
     await bus.retry_forever("prices", tenancy.refresh)
@@ -158,6 +232,7 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
         mark(what)
     if stop.is_set():
         halt.set()
+        await _stop_standby(lease_tasks, elector, None, None)
         if observer.standins is not None:
             await observer.standins.stop_all()
         for t in tasks:
@@ -201,5 +276,6 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
         stop.set()
         halt.set()
         await drain(server, tasks, task_timeout_s=10, http=http, nc=nc, pool=pool)
+        await _stop_standby(lease_tasks, elector, None, None)  # placements done: hand over
         if observer.standins is not None:
             await observer.standins.stop_all()
