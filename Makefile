@@ -103,8 +103,8 @@ chaos: setup ## Every component faulted in turn under load (kill -9, restarts): 
 sim-autoscale: setup ## Autoscaler scenarios replayed through its core (simulated): reports/sim-autoscale/
 	$(PY) -m bench.autoscale_sim --out reports/sim-autoscale $(SIM_ARGS)
 
-up: setup grpcurl ## Run the plane for people: devstack + meter, gateway, admission (+ placer)
-	$(PY) -m kestrel_tools.plane up
+up: setup grpcurl ## Run the plane for people: devstack + meter, gateway, admission (+ placer); HA=1: NATS as a 3-node cluster
+	$(if $(HA),KESTREL_NATS_NODES=3 ,)$(PY) -m kestrel_tools.plane up
 
 down: ## Stop what `make up` started
 	$(PY) -m kestrel_tools.plane down

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 import weakref
 from collections import deque
@@ -81,12 +82,13 @@ class StreamSpec:
     max_age_s: float = 0.0
     duplicate_window_s: float = 120.0
 
-    def config(self) -> StreamConfig:
+    def config(self, replicas: int = 1) -> StreamConfig:
         return StreamConfig(
             name=self.name,
             subjects=self.subjects,
             retention=self.retention,
             storage=StorageType.FILE,
+            num_replicas=replicas,
             max_msgs_per_subject=self.max_msgs_per_subject,
             max_age=self.max_age_s or None,
             duplicate_window=self.duplicate_window_s,
@@ -136,17 +138,25 @@ async def connect(url: str, name: str) -> NATS:
     user = natsauth.user_of(url)
     extra: dict[str, Any] = {"inbox_prefix": natsauth.inbox_prefix(user)} if user else {}
     nc = await nats.connect(
-        url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+        natsauth.servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
         error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect,
         pending_size=64 * 1024 * 1024, **extra,
     )
     return nc
 
 
-async def ensure_streams(js: JetStreamContext) -> None:
-    """Create or update every Kestrel stream; idempotent."""
+def stream_replicas() -> int:
+    """How many nodes keep each stream (KESTREL_NATS_REPLICAS): 1 on one server, 3 on a
+    three-node cluster (JetStream's Raft: a stream stays writable while a majority of
+    its replicas is up)."""
+    return max(1, int(os.environ.get("KESTREL_NATS_REPLICAS", "1") or 1))
+
+
+async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> None:
+    """Create or update every Kestrel stream; idempotent. A stream made with another
+    replica count is updated to this one."""
     for spec in STREAMS:
-        cfg = spec.config()
+        cfg = spec.config(replicas or stream_replicas())
         try:
             await js.add_stream(cfg)
         except BadRequestError:

@@ -122,19 +122,50 @@ def _permissions(g: Grants) -> dict[str, object]:
     return {"publish": pub, "subscribe": {"allow": list(g.subscribe)}}
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """One node's place in a JetStream cluster: its name (unique in the cluster), the
+    port it takes routes on, the other nodes' route ports, and the password every
+    route authenticates with (user ROUTE_USER)."""
+
+    server_name: str
+    route_port: int
+    peer_route_ports: tuple[int, ...]
+    route_password: str
+    name: str = "kestrel"
+
+
+ROUTE_USER = "route"
+
+
 def server_config(host: str, port: int, monitor_port: int, store_dir: str,
-                  passwords: Mapping[str, str]) -> str:
-    """nats-server configuration (JSON is valid NATS config) with every user above."""
+                  passwords: Mapping[str, str], cluster: Cluster | None = None) -> str:
+    """nats-server configuration (JSON is valid NATS config) with every user above;
+    with `cluster`, the node's routes to its peers (Raft-replicated JetStream)."""
     users = [{"user": user, "password": passwords[user], "permissions": _permissions(g)}
              for user, g in GRANTS.items()]
-    conf = {"host": host, "port": port, "http": f"{host}:{monitor_port}",
-            "jetstream": {"store_dir": store_dir},
-            "authorization": {"users": users}}
+    conf: dict[str, object] = {"host": host, "port": port, "http": f"{host}:{monitor_port}",
+                               "jetstream": {"store_dir": store_dir},
+                               "authorization": {"users": users}}
+    if cluster is not None:
+        secret = quote(cluster.route_password, safe="")
+        conf["server_name"] = cluster.server_name
+        conf["cluster"] = {
+            "name": cluster.name, "host": host, "port": cluster.route_port,
+            "authorization": {"user": ROUTE_USER, "password": cluster.route_password},
+            "routes": [f"nats-route://{ROUTE_USER}:{secret}@{host}:{p}"
+                       for p in cluster.peer_route_ports]}
     return json.dumps(conf, indent=2) + "\n"
 
 
 def url(host: str, port: int, user: str, password: str) -> str:
     return f"nats://{quote(user, safe='')}:{quote(password, safe='')}@{host}:{port}"
+
+
+def servers(nats_url: str) -> list[str]:
+    """The URLs of a comma-separated list (a cluster's nodes), as nats-py takes them:
+    the client picks one and moves to another when it goes."""
+    return [u.strip() for u in nats_url.split(",") if u.strip()]
 
 
 def user_of(nats_url: str) -> str:

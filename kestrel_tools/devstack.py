@@ -210,6 +210,11 @@ class Stack:
     durable: bool = True
     passwords: dict[str, str] = field(default_factory=dict)  # Postgres role -> password
     nats_passwords: dict[str, str] = field(default_factory=dict)  # NATS user -> password
+    # 3: a JetStream cluster on loopback (routes between the nodes, every stream kept by
+    # 3 of them); 1: one server. [client, monitor, route] port of each node of a cluster.
+    nats_nodes: int = 1
+    nats_cluster_ports: list[list[int]] = field(default_factory=list)
+    nats_route_password: str = ""
 
     # --- urls ----------------------------------------------------------------
 
@@ -243,12 +248,24 @@ class Stack:
                 "KESTREL_POSTGRES_READER_DSN": self.dsn(READER_ROLE, database),
                 "KESTREL_POSTGRES_DSN": self.dsn(READER_ROLE, database)}
 
+    @property
+    def nats_node_names(self) -> list[str]:
+        """The process name of each NATS node: `nats`, then `nats-2`, `nats-3`."""
+        return ["nats", *(f"nats-{i}" for i in range(2, self.nats_nodes + 1))]
+
+    def _nats_client_ports(self) -> list[int]:
+        if self.nats_nodes > 1 and len(self.nats_cluster_ports) == self.nats_nodes:
+            return [p[0] for p in self.nats_cluster_ports]
+        return [self.nats_port]
+
     def nats_url_for(self, user: str) -> str:
-        """URL of a NATS user (kestrel.natsauth): a service's own, `tap` or `admin`."""
+        """URL of a NATS user (kestrel.natsauth): a service's own, `tap` or `admin`; on a
+        cluster, every node's, comma-separated (kestrel.natsauth.servers)."""
         password = self.nats_passwords.get(user, "")
         if not password:  # a stack made before NATS had users
-            return f"nats://{HOST}:{self.nats_port}"
-        return natsauth.url(HOST, self.nats_port, user, password)
+            return ",".join(f"nats://{HOST}:{p}" for p in self._nats_client_ports())
+        return ",".join(natsauth.url(HOST, p, user, password)
+                        for p in self._nats_client_ports())
 
     @property
     def nats_url(self) -> str:
@@ -268,7 +285,8 @@ class Stack:
         return f"redis://{HOST}:{self.redis_port}/0"
 
     def env(self) -> dict[str, str]:
-        return {**self.service_dsns(), **self.service_nats_urls(),
+        replicas = {"KESTREL_NATS_REPLICAS": str(self.nats_nodes)} if self.nats_nodes > 1 else {}
+        return {**self.service_dsns(), **self.service_nats_urls(), **replicas,
                 "KESTREL_REDIS_URL": self.redis_url}
 
     # --- state file ----------------------------------------------------------
@@ -308,7 +326,8 @@ class Stack:
         report: dict[str, str] = {}
         for name in ("postgres", "nats", "redis"):
             old = self.pids.get(name)
-            if alive.get(name):
+            nodes = self.nats_node_names if name == "nats" else [name]
+            if all(alive.get(n) for n in nodes):
                 report[name] = f"{name} is running (pid {old}): reused"
                 continue
             getattr(self, f"_start_{name}")(timeout_s)
@@ -427,27 +446,54 @@ class Stack:
                 f.write(PG_HBA)
             self._psql_socket("postgres", "SELECT pg_reload_conf()")
 
+    def start_nats(self, timeout_s: float = 60.0) -> None:
+        """NATS alone (every node of a cluster that is not running); `up` starts all."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._start_nats(timeout_s)
+        self.save()
+
     def _start_nats(self, timeout_s: float) -> None:
-        store = self.root / "nats"
-        store.mkdir(exist_ok=True)
-        if not (self.nats_port and self.nats_monitor_port):
+        """Start each NATS node that is not running (one server, or every dead node of
+        a cluster: a restarted node catches up on its streams from the others)."""
+        n = self.nats_nodes
+        if n > 1 and len(self.nats_cluster_ports) != n:
+            ports = free_ports(3 * n)
+            self.nats_cluster_ports = [ports[3 * i:3 * i + 3] for i in range(n)]
+            self.nats_port, self.nats_monitor_port = ports[0], ports[1]
+        elif not (self.nats_port and self.nats_monitor_port):
             self.nats_port, self.nats_monitor_port = free_ports(2)
+        if n > 1:
+            self.nats_route_password = self.nats_route_password or secrets.token_hex(16)
         for user in natsauth.GRANTS:
             self.nats_passwords.setdefault(user, secrets.token_hex(16))
         self.save()
-        conf = self.root / "nats.conf"  # holds the users' passwords: owner-only
-        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(natsauth.server_config(HOST, self.nats_port, self.nats_monitor_port,
-                                           str(store), self.nats_passwords))
-        proc = self._spawn("nats", [str(_nats_bin()), "-c", str(conf)])
+        started = []
+        for i, name in enumerate(self.nats_node_names):
+            pid = self.pids.get(name)
+            if pid is not None and pid_alive(pid):
+                continue
+            client, monitor, route = (self.nats_cluster_ports[i] if n > 1
+                                      else [self.nats_port, self.nats_monitor_port, 0])
+            cluster = None if n == 1 else natsauth.Cluster(
+                name, route, tuple(p[2] for j, p in enumerate(self.nats_cluster_ports)
+                                   if j != i), self.nats_route_password)
+            store = self.root / name
+            store.mkdir(exist_ok=True)
+            conf = self.root / f"{name}.conf"  # holds the users' passwords: owner-only
+            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(natsauth.server_config(HOST, client, monitor, str(store),
+                                               self.nats_passwords, cluster))
+            started.append((name, monitor,
+                            self._spawn(name, [str(_nats_bin()), "-c", str(conf)])))
+        for name, monitor, proc in started:
 
-        def ready() -> bool:
-            url = f"http://{HOST}:{self.nats_monitor_port}/healthz?js-enabled-only=true"
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                return bool(resp.status == 200)
+            def ready(monitor: int = monitor) -> bool:
+                url = f"http://{HOST}:{monitor}/healthz?js-enabled-only=true"
+                with urllib.request.urlopen(url, timeout=1) as resp:
+                    return bool(resp.status == 200)
 
-        _wait("nats", ready, timeout_s, proc, self.root / "nats.log")
+            _wait(name, ready, timeout_s, proc, self.root / f"{name}.log")
 
     def _start_redis(self, timeout_s: float) -> None:
         data = self.root / "redis"
@@ -471,8 +517,18 @@ class Stack:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def open_stack(root: Path = DEFAULT_DIR) -> Stack:
-    return Stack.load(root) or Stack(root)
+def open_stack(root: Path = DEFAULT_DIR, nats_nodes: int | None = None) -> Stack:
+    """The stack in `root` (a new one if none). `nats_nodes` (default KESTREL_NATS_NODES,
+    which `make up HA=1` sets to 3) changes a stack's NATS only while it is stopped."""
+    stack = Stack.load(root) or Stack(root)
+    wanted = nats_nodes or int(os.environ.get("KESTREL_NATS_NODES", "0") or 0)
+    if wanted and wanted != stack.nats_nodes:
+        if any(stack.status().get(n) for n in stack.nats_node_names):
+            raise StackError(f"NATS in {root} runs {stack.nats_nodes} node(s), "
+                             f"not {wanted}: `make down` first")
+        stack.nats_nodes, stack.nats_cluster_ports = wanted, []
+        stack.nats_port = stack.nats_monitor_port = 0
+    return stack
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,7 +76,8 @@ async def connect(url: str, err: TextIO = sys.stderr) -> NATS:
     user = natsauth.user_of(url)  # the operators' read-only `tap` user, usually
     extra: dict[str, Any] = {"inbox_prefix": natsauth.inbox_prefix(user)} if user else {}
     client.append(await nats.connect(
-        url, name="kestrel-tap", max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+        natsauth.servers(url), name="kestrel-tap", max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
         error_cb=on_error, disconnected_cb=on_disconnect, reconnected_cb=on_reconnect,
         **extra))
     return client[0]

@@ -84,3 +84,25 @@ def test_a_url_names_its_user() -> None:
     assert url == "nats://meter:p%40ss%2Fword@127.0.0.1:4222"
     assert natsauth.user_of(url) == "meter"
     assert natsauth.user_of("nats://127.0.0.1:4222") == ""
+
+
+def test_a_cluster_node_routes_to_its_peers_with_the_route_password() -> None:
+    conf = json.loads(natsauth.server_config(
+        "127.0.0.1", 4222, 8222, "/tmp/js", {u: f"pw-{u}" for u in natsauth.GRANTS},
+        natsauth.Cluster("nats-2", 6222, (6223, 6224), "r/p")))
+    assert conf["server_name"] == "nats-2"
+    assert conf["cluster"]["port"] == 6222
+    assert conf["cluster"]["authorization"] == {"user": "route", "password": "r/p"}
+    assert conf["cluster"]["routes"] == ["nats-route://route:r%2Fp@127.0.0.1:6223",
+                                         "nats-route://route:r%2Fp@127.0.0.1:6224"]
+    alone = json.loads(natsauth.server_config("127.0.0.1", 4222, 8222, "/tmp/js",
+                                              {u: "p" for u in natsauth.GRANTS}))
+    assert "cluster" not in alone and "server_name" not in alone
+
+
+def test_a_cluster_url_is_every_node_and_names_its_user_once() -> None:
+    urls = ",".join(natsauth.url("127.0.0.1", p, "meter", "pw") for p in (4222, 4223, 4224))
+    assert natsauth.servers(urls) == [f"nats://meter:pw@127.0.0.1:{p}"
+                                      for p in (4222, 4223, 4224)]
+    assert natsauth.servers(" nats://a:1 , ") == ["nats://a:1"]
+    assert natsauth.user_of(urls) == "meter"
