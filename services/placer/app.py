@@ -12,8 +12,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import asyncpg
-from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -119,21 +117,14 @@ async def _step_down_on_loss(elector: Elector, stop: asyncio.Event) -> None:
         stop.set()
 
 
-async def _stop_standby(tasks: list[asyncio.Task[None]], elector: Elector | None,
-                        nc: NATS | None, pool: asyncpg.Pool | None) -> None:
-    """End the lease tasks and give the Lease up if held (a standby takes over at once);
-    close the stores when given (a standby stopped before it led)."""
+async def _end_lease(tasks: list[asyncio.Task[None]], elector: Elector | None) -> None:
+    """End the lease tasks and give the Lease up if held, so a standby takes over at
+    once (after a leader's drain: nothing of its own is still in flight)."""
     for t in tasks:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(t, timeout=5)
     if elector is not None:
         await asyncio.to_thread(elector.release)
-    if nc is not None:
-        await nc.close()
-    if pool is not None:
-        await pool.close()
-    if elector is not None and nc is not None:
-        log.info("stopped as a standby")
 
 
 async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
@@ -202,7 +193,10 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
         log.info("standby: waiting for Lease %s/%s as %s", config.lease_namespace,
                  config.lease, identity)
         if not await _until_leading(elector, stop):
-            await _stop_standby(lease_tasks, elector, nc, pool)
+            await _end_lease(lease_tasks, elector)
+            await nc.close()
+            await pool.close()
+            log.info("stopped as a standby")
             return
         lease_tasks.append(asyncio.create_task(_step_down_on_loss(elector, stop),
                                                name="lease-loss"))
@@ -232,7 +226,7 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
         mark(what)
     if stop.is_set():
         halt.set()
-        await _stop_standby(lease_tasks, elector, None, None)
+        await _end_lease(lease_tasks, elector)
         if observer.standins is not None:
             await observer.standins.stop_all()
         for t in tasks:
@@ -276,6 +270,6 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
         stop.set()
         halt.set()
         await drain(server, tasks, task_timeout_s=10, http=http, nc=nc, pool=pool)
-        await _stop_standby(lease_tasks, elector, None, None)  # placements done: hand over
+        await _end_lease(lease_tasks, elector)  # placements done: hand over
         if observer.standins is not None:
             await observer.standins.stop_all()

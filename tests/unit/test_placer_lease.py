@@ -49,4 +49,4 @@ async def test_a_clean_stop_is_not_taken_for_a_lost_lease() -> None:
     watching = asyncio.create_task(_step_down_on_loss(elector, stop))
     stop.set()
     await asyncio.wait_for(watching, 2)
-    assert elector.leading  # released later, after the drain, by _stop_standby
+    assert elector.leading  # released later, after the drain, by _end_lease
