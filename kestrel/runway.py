@@ -41,6 +41,10 @@ BATCH = 256  # runway messages a pull asks for (one per tenant at start)
 INACTIVE_S = 120.0  # a consumer nobody pulls from this long is removed by the server
 
 
+def _order(r: common_pb2.Runway) -> tuple[int, int, int]:
+    return (r.meter_version, r.ledger_seq, r.as_of_us)
+
+
 class Runways(Mapping[str, common_pb2.Runway]):
     """Tenant -> the newest runway heard for it; listeners hear each one taken."""
 
@@ -61,12 +65,15 @@ class Runways(Mapping[str, common_pb2.Runway]):
         self._listeners.append(listener)
 
     def take(self, runway: common_pb2.Runway) -> bool:
-        """Keep `runway` unless it is older than the tenant's last; tell the listeners."""
+        """Keep `runway` unless it is older than the tenant's last; tell the listeners.
+
+        Older: by the meter's write version, then the ledger row, then the instant. Two
+        meter replicas publish figures of one tenant, and the later one committed may
+        reach the stream first."""
         if not runway.tenant:
             return False
         old = self._last.get(runway.tenant)
-        if old is not None and (runway.ledger_seq, runway.as_of_us) < (old.ledger_seq,
-                                                                        old.as_of_us):
+        if old is not None and _order(runway) < _order(old):
             return False
         self._last[runway.tenant] = runway
         for listener in self._listeners:

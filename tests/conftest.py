@@ -89,11 +89,11 @@ def meter_factory(service_env: dict[str, str], tmp_path: Path) -> Iterator[objec
     port = free_port()
 
     def make(**env: str) -> ServiceProcess:
-        proc = ServiceProcess(
-            "meter",
-            {**service_env, "KESTREL_METER_PORT": str(port), "KESTREL_METER_METRICS_PORT": "0",
-             **env},
-            f"127.0.0.1:{port}", tmp_path / f"meter-{len(started)}.log")
+        """A meter; KESTREL_METER_PORT in `env` serves a replica beside the others."""
+        env = {**service_env, "KESTREL_METER_PORT": str(port),
+               "KESTREL_METER_METRICS_PORT": "0", **env}
+        proc = ServiceProcess("meter", env, f"127.0.0.1:{env['KESTREL_METER_PORT']}",
+                              tmp_path / f"meter-{len(started)}.log")
         started.append(proc)
         return proc
 

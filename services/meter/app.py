@@ -59,6 +59,9 @@ class MeterConfig:
     # Every open hold is read again this often: what a missed message of admission's
     # (plain NATS) left stale is right again after at most this long.
     holds_resync_s: float = 30.0
+    # How long a fetched batch may stay unacknowledged before JetStream hands it to
+    # another replica: how long the events a killed replica held wait for a survivor.
+    ack_wait_s: int = 30
 
     @classmethod
     def from_env(cls) -> MeterConfig:
@@ -80,6 +83,7 @@ class MeterConfig:
             gather_s=env_float("KESTREL_METER_GATHER_S", GATHER_S),
             default_prices=prices,
             holds_resync_s=env_float("KESTREL_METER_HOLDS_RESYNC_S", 30.0),
+            ack_wait_s=env_int("KESTREL_METER_ACK_WAIT_S", 30),
         )
 
 
@@ -151,7 +155,8 @@ async def run(config: MeterConfig, stop: asyncio.Event) -> None:
         msg = runway_changed(fig, reason, committed_us)
         try:
             await bus.publish(js, bus.subject_runway(fig.tenant), msg,
-                              f"runway-{fig.tenant}-{committed_us}-{fig.ledger_seq}")
+                              f"runway-{fig.tenant}-{fig.meter_version}-{committed_us}-"
+                              f"{fig.ledger_seq}")
         except Exception as exc:  # the next change or a restart republishes
             log.warning("runway publish for %s failed: %s", fig.tenant, exc)
 
@@ -170,8 +175,8 @@ async def run(config: MeterConfig, stop: asyncio.Event) -> None:
     meter_pb2_grpc.add_MeterServicer_to_server(MeterServicer(meter), server.server)
     await server.start()
     http = serve_metrics(registry, config.host, config.metrics_port)
-    consumer = WorkloadConsumer(nc, meter, batch=config.batch,
-                                gather_s=config.gather_s, on_bad=metrics.bad_events.inc)
+    consumer = WorkloadConsumer(nc, meter, batch=config.batch, gather_s=config.gather_s,
+                                ack_wait_s=config.ack_wait_s, on_bad=metrics.bad_events.inc)
     consumer_task = asyncio.create_task(consumer.run(), name="consumer")
 
     async def tick() -> None:

@@ -29,18 +29,20 @@ STREAM = "KESTREL_WORKLOADS"
 
 class WorkloadConsumer:
     def __init__(self, nc: NATS, meter: Meter, *, batch: int = 1000, gather_s: float = 0.0,
-                 on_bad: Callable[[], None] = lambda: None) -> None:
+                 ack_wait_s: int = 30, on_bad: Callable[[], None] = lambda: None) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.meter = meter
         self.batch = batch
         self.gather_s = gather_s
+        self.ack_wait_s = ack_wait_s
         self.on_bad = on_bad
         self._stopping = asyncio.Event()
 
     async def run(self) -> None:
         await bus.pull(self.nc, bus.Durable(STREAM, "kestrel.workload.>", DURABLE, self.batch,
-                                            max_ack_pending=50_000, gather_s=self.gather_s),
+                                            self.ack_wait_s, max_ack_pending=50_000,
+                                            gather_s=self.gather_s),
                        self._handle, self._stopping)
 
     async def _handle(self, msgs: list[Msg]) -> None:

@@ -1,17 +1,20 @@
-"""The meter's cycle: one writer, explicit steps.
+"""The meter's cycle: one writer at a time, explicit steps.
 
 Every change goes the same way (after Armada's scheduler cycle): take the
-write lock, decide with the pure domain, commit in one transaction, advance
-the projection by exactly what was committed, then publish runway changes.
+write lock, take the turn on Postgres' meter_head row (several meter replicas
+write one after another), apply what other replicas committed since this one's
+mark, decide with the pure domain, commit in one transaction, advance the
+projection by exactly what was committed, then publish runway changes.
 The caller acknowledges bus messages only after `ingest` returns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -28,7 +31,7 @@ from services.meter.domain import (
     publish_reason,
 )
 from services.meter.projection import Projection
-from services.meter.store import MeterStore
+from services.meter.store import Changes, Mark, MeterStore, Writing
 
 log = logging.getLogger("kestrel.meter")
 
@@ -70,15 +73,18 @@ class Meter:
         self.holds = HoldBook()
         self.prices: dict[str, tuple[Decimal, int]] = {}
         self.stats = MeterStats()
+        self.mark = Mark()
+        self._last_tick_us = 0  # when this replica's last tick cut (meter_head's if ours)
 
     async def start(self) -> None:
         """Load state from the tables and publish every tenant's figure once."""
         await self.store.migrate()
         async with self.lock:
-            self.prices = await self.store.prices()
-            totals = await self.store.totals()
-            self.projection = Projection.load(totals, await self.store.open_allocations(),
-                                              await self.store.open_costs())
+            snap = await self.store.snapshot()
+            self.prices = snap.prices
+            self.projection = Projection.load(snap.totals, snap.open_allocations,
+                                              snap.open_costs)
+            self._set_mark(snap.mark)
             await self._read_all_holds()
             await self._publish(list(self.projection.accounts), Reason.STARTUP, force=True)
 
@@ -93,7 +99,9 @@ class Meter:
             return 0
         async with self.lock:
             t0 = time.perf_counter()
-            result = await self.store.apply_batch(events, self.price_table(), self.clock())
+            async with self._writing() as w:
+                result = await self.store.apply_batch(w, events, self.price_table(),
+                                                      self.clock())
             self.observe_write(time.perf_counter() - t0)
             self._closed(result.outcome.allocations.values())
             self.projection.add_rows(result.rows)
@@ -115,13 +123,21 @@ class Meter:
     async def tick(self) -> int:
         """Cut open allocations into rows up to now - settle; returns rows written."""
         async with self.lock:
-            now = self.clock()
-            cut_to = now - self.settings.settle_us
-            opened = self.projection.open_allocations()
-            if not opened:
+            await self._refresh()
+            if not self.projection.open_allocations():
                 return 0
             t0 = time.perf_counter()
-            outcome, rows = await self.store.apply_tick(opened, cut_to, f"tick-{cut_to}", now)
+            async with self._writing() as w:
+                now = self.clock()
+                # Another replica cut them less than (most of) a period ago: its rows
+                # are this one's to read, not to write again in smaller pieces.
+                if (w.last_tick_us != self._last_tick_us
+                        and 0 <= now - w.last_tick_us < self.settings.tick_s * 900_000):
+                    return 0
+                self._last_tick_us = now
+                cut_to = now - self.settings.settle_us
+                outcome, rows = await self.store.apply_tick(
+                    w, self.projection.open_allocations(), cut_to, f"tick-{cut_to}", now)
             self.observe_write(time.perf_counter() - t0)
             self._closed(outcome.allocations.values())
             self.projection.add_rows(rows)
@@ -140,8 +156,10 @@ class Meter:
             if tenant not in self.projection.accounts and not await self.store.tenant_exists(
                     tenant):
                 raise NotFound(f"tenant {tenant!r} has no account")
-            applied = await self.store.top_up(tenant, amount, top_up_id, note, self.clock(),
-                                              kind="adjustment" if adjustment else "top_up")
+            async with self._writing() as w:
+                applied = await self.store.top_up(
+                    w, tenant, amount, top_up_id, note, self.clock(),
+                    kind="adjustment" if adjustment else "top_up")
             if applied:
                 self.projection.add_credits(tenant, amount)
                 self._recompute([tenant])
@@ -160,14 +178,19 @@ class Meter:
     async def set_price(self, flavor: str, price: Decimal) -> tuple[Decimal, int]:
         async with self.lock:
             now = self.clock()
-            await self.store.set_price(flavor, price, now)
+            async with self._writing() as w:
+                await self.store.set_price(w, flavor, price, now)
             self.prices[flavor] = (price, now)
             return price, now
 
     async def runway(self, tenant: str) -> RunwayFigures:
         async with self.lock:
+            await self._refresh()
             if tenant not in self.projection.accounts:
-                raise NotFound(f"tenant {tenant!r} has no account")
+                # Another replica may have made the account (tenants carry no version).
+                if not await self.store.tenant_exists(tenant):
+                    raise NotFound(f"tenant {tenant!r} has no account")
+                self.projection.account(tenant)
             # Asked for (GetRunway): its holds as they are now, not as last announced.
             self.holds.replace_tenants([tenant], await self.store.holds([tenant]))
             self._recompute([tenant])
@@ -182,6 +205,7 @@ class Meter:
         tenant's Workloads again: one that says nothing new is that work for nothing)."""
         tenants, workloads = sorted(set(tenants)), sorted(set(workloads))
         async with self.lock:
+            await self._refresh()
             touched = set(tenants)
             if tenants:
                 self.holds.replace_tenants(tenants, await self.store.holds(tenants))
@@ -206,6 +230,7 @@ class Meter:
         It misses only a hold gone and another of the same amount come for the same
         tenant, both unannounced, within one period."""
         async with self.lock:
+            await self._refresh()
             if full:
                 await self._publish_reserved(await self._read_all_holds())
                 return
@@ -220,6 +245,45 @@ class Meter:
             await self._publish_reserved(known)
 
     # --- helpers (lock held) -------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _writing(self) -> AsyncIterator[Writing]:
+        """A write transaction on its turn, with other replicas' changes applied first."""
+        w: Writing | None = None
+        try:
+            async with self.store.write(self.mark) as w:
+                self._catch_up(w.changes)
+                yield w
+        finally:
+            if w is not None:
+                self._set_mark(w.after)
+
+    async def _refresh(self) -> None:
+        """Apply what other replicas committed since this one's mark (one query when
+        nothing): what a read or a publish of this replica says includes it."""
+        changes = await self.store.changes_since(self.mark)
+        self._catch_up(changes)
+        self._set_mark(changes.mark)
+
+    def _catch_up(self, changes: Changes) -> None:
+        """Another replica's committed writes into the projection, in the order of the
+        cycle: allocations, then their rows, then credits; figures recomputed (that
+        replica published them)."""
+        if changes.mark == self.mark:
+            return
+        for flavor, price, effective_us in changes.prices:
+            self.prices[flavor] = (price, effective_us)
+        self._closed(changes.allocations)
+        self.projection.add_rows(changes.rows)
+        for tenant, amount in changes.credits:
+            self.projection.add_credits(tenant, amount)
+        self._recompute({a.tenant for a in changes.allocations}
+                        | {r.row.tenant for r in changes.rows}
+                        | {t for t, _ in changes.credits})
+
+    def _set_mark(self, mark: Mark) -> None:
+        self.mark = mark
+        self.projection.version = mark.version
 
     async def _read_all_holds(self) -> list[str]:
         """Every open hold, read again; the tenants whose figure was recomputed."""

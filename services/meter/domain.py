@@ -197,6 +197,7 @@ class RunwayFigures:
     running_gpus: int
     as_of_us: int
     ledger_seq: int
+    meter_version: int = 0  # the meter_head version included (store.Mark)
 
     @property
     def budget(self) -> Budget:

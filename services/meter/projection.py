@@ -44,6 +44,7 @@ class Projection:
     def __init__(self) -> None:
         self.accounts: dict[str, Account] = {}
         self.ledger_seq = 0
+        self.version = 0  # the meter_head version the figures include (Meter sets it)
 
     @classmethod
     def load(cls, totals: Totals, open_allocations: Iterable[Allocation],
@@ -108,4 +109,4 @@ class Projection:
         acc = self.account(tenant)
         burn, gpus = burn_per_s(acc.open.values())
         return RunwayFigures(tenant, acc.credits, acc.charged, acc.reserved, burn, gpus,
-                             now_us, self.ledger_seq)
+                             now_us, self.ledger_seq, self.version)

@@ -61,7 +61,7 @@ def runway_to_wire(f: RunwayFigures) -> common_pb2.Runway:
         runway_s=_finite(b.runway_s), unlimited=b.unlimited,
         running_gpus=f.running_gpus, as_of_us=f.as_of_us, ledger_seq=f.ledger_seq,
         remaining_bp=b.remaining_bp, money_runway_s=_finite(b.money_runway_s),
-        free_to_reserve=fmt(b.free_to_reserve))
+        free_to_reserve=fmt(b.free_to_reserve), meter_version=f.meter_version)
 
 
 def runway_changed(f: RunwayFigures, reason: Reason, committed_us: int) -> events_pb2.RunwayChanged:

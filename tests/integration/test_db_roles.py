@@ -35,7 +35,7 @@ from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
 from services.gateway.store import MIGRATIONS as GATEWAY_MIGRATIONS
 from services.meter.domain import Event, EventType
 from services.meter.store import MIGRATIONS as METER_MIGRATIONS
-from services.meter.store import MeterStore
+from services.meter.store import Mark, MeterStore
 
 pytestmark = pytest.mark.integration
 T0 = 1_700_000_000_000_000
@@ -62,12 +62,13 @@ async def schema(database: str, role_dsn: Callable[[str], str]) -> AsyncIterator
         store = MeterStore(pool)
         assert await store.migrate() == []  # a service checks its schema with a SELECT
         await store.ensure_tenant("acme", T0)
-        await store.top_up("acme", Decimal("10"), "t1", "", T0)
-        await store.set_price("gpu-h100", Decimal("0.001"), T0)
-        await store.apply_batch([
-            Event("a", "acme", "w1", 1, EventType.ADMITTED, T0, "gpu-h100", 1),
-            Event("f", "acme", "w1", 1, EventType.FINISHED, T0 + 1_000_000, "gpu-h100", 1)],
-            {"gpu-h100": Decimal("0.001")}, T0)
+        async with store.write(Mark()) as w:
+            await store.top_up(w, "acme", Decimal("10"), "t1", "", T0)
+            await store.set_price(w, "gpu-h100", Decimal("0.001"), T0)
+            await store.apply_batch(w, [
+                Event("a", "acme", "w1", 1, EventType.ADMITTED, T0, "gpu-h100", 1),
+                Event("f", "acme", "w1", 1, EventType.FINISHED, T0 + 1_000_000, "gpu-h100", 1)],
+                {"gpu-h100": Decimal("0.001")}, T0)
     finally:
         await pool.close()
     yield database
@@ -314,7 +315,8 @@ async def test_provisioning_adopts_a_database_the_superuser_migrated(
     try:
         assert await migrate(owner, "meter", METER_MIGRATIONS) == [
             "0005_roles.sql", "0006_ledger_chain.sql", "0007_rolling_reservations.sql",
-            "0008_open_reservations.sql", "0009_reads_for_others.sql"]
+            "0008_open_reservations.sql", "0009_reads_for_others.sql",
+            "0010_meter_replicas.sql"]
         assert await migrate(owner, "admission", ADMISSION_MIGRATIONS) == [
             "0001_jobs.sql", "0002_roles.sql", "0003_reads_for_others.sql",
             "0004_budget_holds.sql", "0005_open_holds_by_workload.sql",

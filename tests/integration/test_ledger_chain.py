@@ -16,7 +16,7 @@ from kestrel.db import migrate
 from kestrel.pgroles import OWNER_ROLE, READER_ROLE, SERVICE_ROLES
 from services.meter import audit
 from services.meter.domain import Event, EventType
-from services.meter.store import MIGRATIONS, MeterStore
+from services.meter.store import MIGRATIONS, Mark, MeterStore
 
 pytestmark = pytest.mark.integration
 T0 = 1_700_000_000_000_000
@@ -36,15 +36,19 @@ async def meter_pool(database: str, role_dsn: Callable[[str], str]
     pool = await asyncpg.create_pool(role_dsn(SERVICE_ROLES["meter"]), min_size=1, max_size=4)
     store = MeterStore(pool)
     await store.ensure_tenant("acme", T0)
-    await store.set_price("gpu-h100", PRICE["gpu-h100"], T0)
-    await store.apply_batch([Event(f"{w}-a", "acme", w, 1, EventType.ADMITTED, T0, "gpu-h100", 2)
-                             for w in ("w1", "w2", "w3")], PRICE, T0)
+    async with store.write(Mark()) as tx:
+        await store.set_price(tx, "gpu-h100", PRICE["gpu-h100"], T0)
+        await store.apply_batch(tx, [Event(f"{w}-a", "acme", w, 1, EventType.ADMITTED, T0,
+                                          "gpu-h100", 2) for w in ("w1", "w2", "w3")],
+                                PRICE, T0)
     for k in range(1, 4):
-        await store.apply_tick(await store.open_allocations(), T0 + k * 1_000_000, f"tick-{k}",
-                               T0 + k * 1_000_000)
-    await store.apply_batch([Event(f"{w}-f", "acme", w, 1, EventType.FINISHED,
-                                   T0 + 3_500_000, "gpu-h100", 2) for w in ("w1", "w2", "w3")],
-                            PRICE, T0)
+        async with store.write(tx.after) as tx:
+            await store.apply_tick(tx, await store.open_allocations(), T0 + k * 1_000_000,
+                                   f"tick-{k}", T0 + k * 1_000_000)
+    async with store.write(tx.after) as tx:
+        await store.apply_batch(tx, [Event(f"{w}-f", "acme", w, 1, EventType.FINISHED,
+                                          T0 + 3_500_000, "gpu-h100", 2)
+                                    for w in ("w1", "w2", "w3")], PRICE, T0)
     yield pool
     await pool.close()
 
@@ -153,20 +157,21 @@ async def test_rows_written_before_the_chain_join_it_in_row_id_order(
         await migrate(owner, "meter", before)
         pool = await asyncpg.create_pool(role_dsn(SERVICE_ROLES["meter"]), min_size=1,
                                          max_size=1)
-        try:
-            store = MeterStore(pool)
-            await store.ensure_tenant("acme", T0)
-            await store.apply_batch(
-                [Event("a", "acme", "w1", 1, EventType.ADMITTED, T0, "gpu-h100", 1),
-                 Event("f", "acme", "w1", 1, EventType.FINISHED, T0 + 5, "gpu-h100", 1),
-                 Event("b", "acme", "w2", 1, EventType.ADMITTED, T0, "gpu-h100", 3),
-                 Event("g", "acme", "w2", 1, EventType.FINISHED, T0 + 7, "gpu-h100", 3)],
-                PRICE, T0)
+        try:  # the rows as the meter of that schema wrote them (today's store needs 0010)
+            await pool.execute("INSERT INTO tenants VALUES ('acme', $1)", T0)
+            for wid, gpus, length in (("w1", 1, 5), ("w2", 3, 7)):
+                await pool.execute("""
+                    INSERT INTO ledger (tenant, workload_id, flavor, gpus, start_us, end_us,
+                                        gpu_us, price, cost, cause_id, kind, recorded_us)
+                    VALUES ('acme', $1, 'gpu-h100', $2, $3, $4, $5, $6, $7, $8, 'usage', $3)""",
+                    wid, gpus, T0, T0 + length, gpus * length, PRICE["gpu-h100"],
+                    PRICE["gpu-h100"] * gpus * length / 1_000_000, f"{wid}-f")
         finally:
             await pool.close()
         assert await migrate(owner, "meter", MIGRATIONS) == [
             "0006_ledger_chain.sql", "0007_rolling_reservations.sql",
-            "0008_open_reservations.sql", "0009_reads_for_others.sql"]
+            "0008_open_reservations.sql", "0009_reads_for_others.sql",
+            "0010_meter_replicas.sql"]
         rows = await owner.fetch("SELECT row_id, chain_seq FROM ledger ORDER BY row_id")
         assert [r["chain_seq"] for r in rows] == list(range(1, len(rows) + 1)) and rows
     finally:

@@ -17,7 +17,7 @@ from kestrel.pgroles import OWNER_ROLE
 from services.admission.store import MIGRATIONS as ADMISSION_MIGRATIONS
 from services.meter.core import Meter, MeterSettings
 from services.meter.domain import Event, EventType, HoldBook, Reason, RunwayFigures
-from services.meter.store import MIGRATIONS, MeterStore
+from services.meter.store import MIGRATIONS, Mark, MeterStore
 
 pytestmark = pytest.mark.integration
 T0 = 1_700_000_000_000_000
@@ -41,12 +41,13 @@ async def pool(database: str, role_dsn: Callable[[str], str]) -> AsyncIterator[a
 async def seed_row(pool: asyncpg.Pool) -> None:
     store = MeterStore(pool)
     await store.ensure_tenant("acme", T0)
-    await store.top_up("acme", Decimal("10"), "t1", "", T0)
-    await store.set_price("gpu-h100", Decimal("0.001"), T0)
-    await store.apply_batch([
-        Event("a", "acme", "w1", 1, EventType.ADMITTED, T0, "gpu-h100", 1),
-        Event("f", "acme", "w1", 1, EventType.FINISHED, T0 + 1_000_000, "gpu-h100", 1)],
-        {"gpu-h100": Decimal("0.001")}, T0)
+    async with store.write(Mark()) as tx:
+        await store.top_up(tx, "acme", Decimal("10"), "t1", "", T0)
+        await store.set_price(tx, "gpu-h100", Decimal("0.001"), T0)
+        await store.apply_batch(tx, [
+            Event("a", "acme", "w1", 1, EventType.ADMITTED, T0, "gpu-h100", 1),
+            Event("f", "acme", "w1", 1, EventType.FINISHED, T0 + 1_000_000, "gpu-h100", 1)],
+            {"gpu-h100": Decimal("0.001")}, T0)
 
 
 @pytest.mark.parametrize("statement", [
@@ -165,18 +166,20 @@ async def test_reserved_holds_what_open_reservations_have_not_yet_consumed(
         pool: asyncpg.Pool) -> None:
     store = MeterStore(pool)
     price = {"gpu-h100": Decimal("0.001")}
-    for tenant in ("holds", "other"):
-        await store.ensure_tenant(tenant, T0)
-        await store.top_up(tenant, Decimal("100"), f"{tenant}-t", "", T0)
-    await store.set_price("gpu-h100", price["gpu-h100"], T0)
-    # w2, w3 and w6 run 100 s (0.1 credits each); w4 ran 1 s and finished.
-    await store.apply_batch([
-        Event(f"{w}-a", "holds", w, 1, EventType.ADMITTED, T0, "gpu-h100", 1)
-        for w in ("w2", "w3", "w4", "w6")] + [
-        Event("w4-f", "holds", "w4", 1, EventType.FINISHED, T0 + 1_000_000, "gpu-h100", 1)],
-        price, T0)
-    await store.apply_tick(await store.open_allocations(), T0 + 100_000_000, "tick-1",
-                           T0 + 100_000_000)
+    async with store.write(Mark()) as tx:
+        for tenant in ("holds", "other"):
+            await store.ensure_tenant(tenant, T0)
+            await store.top_up(tx, tenant, Decimal("100"), f"{tenant}-t", "", T0)
+        await store.set_price(tx, "gpu-h100", price["gpu-h100"], T0)
+        # w2, w3 and w6 run 100 s (0.1 credits each); w4 ran 1 s and finished.
+        await store.apply_batch(tx, [
+            Event(f"{w}-a", "holds", w, 1, EventType.ADMITTED, T0, "gpu-h100", 1)
+            for w in ("w2", "w3", "w4", "w6")] + [
+            Event("w4-f", "holds", "w4", 1, EventType.FINISHED, T0 + 1_000_000, "gpu-h100", 1)],
+            price, T0)
+    async with store.write(tx.after) as tx:
+        await store.apply_tick(tx, await store.open_allocations(), T0 + 100_000_000, "tick-1",
+                               T0 + 100_000_000)
     for rid, tenant, wid, amount in [
             ("r1", "holds", "w1", "1"),     # not started: holds it all
             ("r2", "holds", "w2", "1"),     # 0.1 consumed: holds 0.9

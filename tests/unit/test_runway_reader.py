@@ -8,9 +8,10 @@ from kestrel.runway import Runways
 from kestrel_sdk.v1 import common_pb2
 
 
-def rw(tenant: str, seq: int, as_of_us: int, remaining: str = "1") -> common_pb2.Runway:
+def rw(tenant: str, seq: int, as_of_us: int, remaining: str = "1",
+       version: int = 0) -> common_pb2.Runway:
     return common_pb2.Runway(tenant=tenant, ledger_seq=seq, as_of_us=as_of_us,
-                             remaining=remaining)
+                             remaining=remaining, meter_version=version)
 
 
 @pytest.mark.parametrize(("held", "heard", "taken"), [
@@ -26,6 +27,12 @@ def rw(tenant: str, seq: int, as_of_us: int, remaining: str = "1") -> common_pb2
     pytest.param(rw("acme", 5, 200), rw("acme", 5, 100), False,
                  id="the same ledger row computed earlier is dropped"),
     pytest.param(None, rw("", 5, 100), False, id="a figure without a tenant is dropped"),
+    pytest.param(rw("acme", 5, 300, version=7), rw("acme", 5, 200, version=8), True,
+                 id="a later meter version wins whichever replica's clock reads later "
+                    "(a top-up committed after the other replica's figure)"),
+    pytest.param(rw("acme", 6, 100, version=8), rw("acme", 6, 300, version=7), False,
+                 id="an older meter version is dropped though its replica's clock reads "
+                    "later (the other replica's figure, before the top-up, came last)"),
 ])
 def test_take(held: common_pb2.Runway | None, heard: common_pb2.Runway, taken: bool) -> None:
     runways, told = Runways(), list[common_pb2.Runway]()

@@ -119,6 +119,7 @@ class Runway(_message.Message):
     REMAINING_BP_FIELD_NUMBER: _builtins.int
     MONEY_RUNWAY_S_FIELD_NUMBER: _builtins.int
     FREE_TO_RESERVE_FIELD_NUMBER: _builtins.int
+    METER_VERSION_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     credits: _builtins.str
     """Sum of all top-ups (credits table)."""
@@ -151,6 +152,11 @@ class Runway(_message.Message):
     """
     free_to_reserve: _builtins.str
     """remaining, never below 0: what new jobs can still reserve."""
+    meter_version: _builtins.int
+    """The meter's write version the figure includes (every committed write of any
+    meter replica raises it by one). Figures of one tenant from several replicas
+    order by (meter_version, ledger_seq, as_of_us): a subscriber drops an older one.
+    """
     def __init__(
         self,
         *,
@@ -168,10 +174,11 @@ class Runway(_message.Message):
         remaining_bp: _builtins.int = ...,
         money_runway_s: _builtins.float = ...,
         free_to_reserve: _builtins.str = ...,
+        meter_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of_us", b"as_of_us", "burn_per_s", b"burn_per_s", "charged", b"charged", "credits", b"credits", "free_to_reserve", b"free_to_reserve", "ledger_seq", b"ledger_seq", "money_runway_s", b"money_runway_s", "remaining", b"remaining", "remaining_bp", b"remaining_bp", "reserved", b"reserved", "running_gpus", b"running_gpus", "runway_s", b"runway_s", "tenant", b"tenant", "unlimited", b"unlimited"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["as_of_us", b"as_of_us", "burn_per_s", b"burn_per_s", "charged", b"charged", "credits", b"credits", "free_to_reserve", b"free_to_reserve", "ledger_seq", b"ledger_seq", "meter_version", b"meter_version", "money_runway_s", b"money_runway_s", "remaining", b"remaining", "remaining_bp", b"remaining_bp", "reserved", b"reserved", "running_gpus", b"running_gpus", "runway_s", b"runway_s", "tenant", b"tenant", "unlimited", b"unlimited"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
