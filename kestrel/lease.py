@@ -19,8 +19,11 @@ import asyncio
 import contextlib
 import enum
 import logging
+import os
+import socket
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -51,6 +54,12 @@ def decide(seen: Seen | None, identity: str, now: float) -> Step:
     if seen.renewed_at is None or seen.duration_s is None:
         return Step.TAKE
     return Step.TAKE if now > seen.renewed_at + seen.duration_s else Step.FOLLOW
+
+
+def identity() -> str:
+    """A candidate's name in the Lease: host (the pod's name), process, and a nonce (a
+    restarted process is another candidate)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def _micro(t: float) -> str:
@@ -153,3 +162,33 @@ class Elector:
         except Exception as exc:
             log.warning("releasing lease %s/%s: %s", self.namespace, self.name, exc)
         self.leading = False
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def while_leading(elector: Elector, stop: asyncio.Event,
+                        work: Callable[[asyncio.Event], Coroutine[Any, Any, None]],
+                        poll_s: float = 0.1) -> None:
+    """Run `work(until)` each time `elector` comes to lead, until `stop`. When it stops
+    leading (or on `stop`), `until` is set and the work's end awaited before this
+    process may lead again: a standby keeps everything else warm and does only this
+    part while it holds the Lease. A work that fails is logged and started again on
+    a second while still leading."""
+    while not stop.is_set():
+        if not elector.leading:
+            await _wait(stop, poll_s)
+            continue
+        until = asyncio.Event()
+        task = asyncio.create_task(work(until), name=f"leading-{elector.name}")
+        while elector.leading and not stop.is_set() and not task.done():
+            await _wait(stop, poll_s)
+        until.set()
+        try:
+            await task
+        except Exception:
+            log.exception("lease %s/%s: the leader's work failed; again in 1 s",
+                          elector.namespace, elector.name)
+            await _wait(stop, 1.0)

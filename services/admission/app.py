@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from kestrel import bus, checkfeed, runway
 from kestrel.clock import now_us
@@ -16,7 +16,9 @@ from kestrel.config import Stores, env_float, env_int, env_str, local_kubeconfig
 from kestrel.db import create_pool, migrate_component
 from kestrel.grpcserver import Server
 from kestrel.jobs import JobRow
-from kestrel.kubeclient import kubeconfig_usable
+from kestrel.kubeclient import kubeconfig_usable, new_api_client
+from kestrel.lease import Elector, while_leading
+from kestrel.lease import identity as lease_identity
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.runway import Runways
 from kestrel.service import drain, every, serve_metrics
@@ -52,6 +54,12 @@ class AdmissionConfig:
     kubeconfig: str
     runway_check: str
     gather_s: float  # how long a fetch of workload events waits for company
+    # With a Lease name, of several admission replicas only the holder runs the runway
+    # check's controller (the Workloads' check states and deactivations); the others
+    # keep its feed and money warm and decide submits as every replica does.
+    lease: str = ""
+    lease_namespace: str = "default"
+    lease_s: int = 3
 
     @classmethod
     def from_env(cls) -> AdmissionConfig:
@@ -61,7 +69,10 @@ class AdmissionConfig:
                    env_int("KESTREL_MAX_NODE_GPUS", 8),
                    env_str("KESTREL_KUBECONFIG", str(local_kubeconfig())),
                    env_str("KESTREL_RUNWAY_CHECK", "kestrel-runway"),
-                   env_float("KESTREL_ADMISSION_GATHER_S", GATHER_S))
+                   env_float("KESTREL_ADMISSION_GATHER_S", GATHER_S),
+                   env_str("KESTREL_ADMISSION_LEASE", ""),
+                   env_str("KESTREL_ADMISSION_LEASE_NAMESPACE", "default"),
+                   env_int("KESTREL_ADMISSION_LEASE_S", 3))
 
 
 async def follow_checks(nc: NATS, controller: RunwayCheckController) -> None:
@@ -179,11 +190,28 @@ async def run(config: AdmissionConfig, stop: asyncio.Event) -> None:
              asyncio.create_task(watch_consumers(
                  js, consumer_pending_gauge(registry), [("KESTREL_WORKLOADS", "admission")],
                  stop))]
-    if controller is not None:
-        tasks.append(asyncio.create_task(controller.run(stop)))
+    elector: Elector | None = None
+    if controller is not None and config.lease:
+        api = await bus.retry_forever("kubernetes client", lambda: asyncio.to_thread(
+            new_api_client, config.kubeconfig, 4))
+        elector = Elector(api, config.lease, config.lease_namespace, lease_identity(),
+                          duration_s=config.lease_s, renew_s=max(0.2, config.lease_s / 6))
+        leader = Gauge("kestrel_admission_check_leader",
+                       "1 while this admission replica holds the Lease and runs the runway "
+                       "check's controller", registry=registry)
+        leader.set_function(lambda: float(elector is not None and elector.leading))
+        tasks += [asyncio.create_task(elector.run(stop), name="lease"),
+                  asyncio.create_task(while_leading(elector, stop, controller.run),
+                                      name="runway-check")]
+        log.info("runway check controller: when holding Lease %s/%s as %s",
+                 config.lease_namespace, config.lease, elector.identity)
+    elif controller is not None:
+        tasks.append(asyncio.create_task(controller.run(stop), name="runway-check"))
     log.info("admission serving gRPC on %s", server.address)
     try:
         await stop.wait()
     finally:
         stop.set()
         await drain(server, tasks, task_timeout_s=3, http=http, nc=nc, pool=pool)
+        if elector is not None:
+            await asyncio.to_thread(elector.release)

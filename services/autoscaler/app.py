@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import uuid
 from dataclasses import dataclass
 
@@ -19,6 +17,7 @@ from kestrel.config import Stores, env_float, env_int, env_str
 from kestrel.grpcserver import Server
 from kestrel.kubeclient import new_api_client
 from kestrel.lease import Elector
+from kestrel.lease import identity as lease_identity
 from kestrel.metrics import GrpcMetrics
 from kestrel.runway import Runways
 from kestrel.service import every, serve_metrics
@@ -114,7 +113,7 @@ async def run(config: AutoscalerConfig, stop: asyncio.Event) -> None:
     if config.kubeconfig and config.lease:
         api = await bus.retry_forever("kubernetes client", lambda: asyncio.to_thread(
             new_api_client, config.kubeconfig, 4))
-        identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        identity = lease_identity()
         elector = Elector(api, config.lease, config.lease_namespace, identity,
                           duration_s=config.lease_duration_s,
                           renew_s=max(0.2, config.lease_duration_s / 5))

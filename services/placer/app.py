@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -20,6 +17,7 @@ from kestrel.config import Stores, env_int, env_str, local_image_record, local_k
 from kestrel.db import create_pool
 from kestrel.grpcserver import Server
 from kestrel.lease import Elector
+from kestrel.lease import identity as lease_identity
 from kestrel.metrics import GrpcMetrics, consumer_pending_gauge, watch_consumers
 from kestrel.runway import Runways
 from kestrel.service import drain, every, serve_metrics
@@ -183,7 +181,7 @@ async def run(config: PlacerConfig, stop: asyncio.Event) -> None:
     lease_tasks: list[asyncio.Task[None]] = []
     elector: Elector | None = None
     if config.lease:
-        identity = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        identity = lease_identity()
         elector = Elector(kube.api, config.lease, config.lease_namespace, identity,
                           duration_s=config.lease_s, renew_s=max(0.2, config.lease_s / 6))
         leader = Gauge("kestrel_placer_leader", "1 while this placer holds the Lease",

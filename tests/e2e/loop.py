@@ -53,12 +53,15 @@ class Loop:
     tenants: list[str] = field(default_factory=list)
     starts: int = 0
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, port: int | None = None) -> ServiceProcess:
+        """Start `name` on its port, or on `port` (a second replica beside the first)."""
         self.starts += 1
+        env = self.env if port is None else {**self.env, f"KESTREL_{name.upper()}_PORT": str(port)}
         self.procs[name] = ServiceProcess(
-            name, self.env, self.env[f"KESTREL_{name.upper()}_ADDR"],
+            name, env, f"127.0.0.1:{env[f'KESTREL_{name.upper()}_PORT']}",
             self.tmp / f"{name}-{self.starts}.log").start()
         self.started.append(self.procs[name])
+        return self.procs[name]
 
     def start_all(self) -> None:
         for n in NAMES:

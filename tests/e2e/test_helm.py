@@ -110,12 +110,13 @@ def test_each_service_account_may_do_what_its_service_needs_and_no_more(
     assert can_i(service, verb, resource) is allowed
 
 
-def test_the_autoscaler_may_hold_only_its_own_lease_in_its_namespace(
-        installed: helmcheck.Result) -> None:
-    assert can_i("autoscaler", "update", "leases.coordination.k8s.io/kestrel-autoscaler",
-                 NAMESPACE)
-    assert not can_i("autoscaler", "update", "leases.coordination.k8s.io/other", NAMESPACE)
-    assert not can_i("autoscaler", "create", "leases.coordination.k8s.io", "kube-system")
+@pytest.mark.parametrize(("service", "lease"), [("autoscaler", "kestrel-autoscaler"),
+                                              ("admission", "kestrel-admission")])
+def test_a_leader_elected_service_may_hold_only_its_own_lease_in_its_namespace(
+        installed: helmcheck.Result, service: str, lease: str) -> None:
+    assert can_i(service, "update", f"leases.coordination.k8s.io/{lease}", NAMESPACE)
+    assert not can_i(service, "update", "leases.coordination.k8s.io/other", NAMESPACE)
+    assert not can_i(service, "create", "leases.coordination.k8s.io", "kube-system")
 
 
 def test_the_chart_refuses_to_render_without_an_image_tag_or_stores(

@@ -4,6 +4,8 @@ AdmissionCheck controller), placer, meter, Kueue and KWOK, all real processes.""
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 from kestrel_sdk import JobState
 from kestrel_tools import cluster as kc
 from kestrel_tools import kubework as kw
+from kestrel_tools.devstack import free_port
 from tests.e2e.loop import Loop, allocation, in_state, plane_env, until, workload
 
 pytestmark = pytest.mark.e2e
@@ -156,3 +159,60 @@ async def test_kill_9_of_placer_and_admission_mid_scenario_loses_nothing(loop: L
         got = await until("closed", lambda j=j: allocation(loop.dsn, j.job_id))  # type: ignore[misc]
         assert got[1] == int(want[j.job_id] * 1_000_000)
     await client.close()
+
+
+def _lease_holder(name: str) -> str:
+    return kc.kubectl("get", "lease", "-n", "default", name, "-o",
+                      "jsonpath={.spec.holderIdentity}", check=False).stdout
+
+
+async def test_of_two_admission_replicas_the_lease_holder_runs_the_check_and_the_other_takes_over(
+        cluster_up: kc.ClusterInfo, service_env: dict[str, str], database: str,
+        tmp_path: Path) -> None:
+    """Two admission replicas behind the gateway (both decide submits) and one Lease:
+    only its holder patches the runway check. After kill -9 of the holder the other
+    takes the Lease and releases a held job at a top-up, through the check."""
+    env = plane_env(cluster_up, service_env, TOKEN)
+    lease, second = f"kestrel-admission-{uuid.uuid4().hex[:6]}", free_port()
+    env |= {"KESTREL_ADMISSION_LEASE": lease, "KESTREL_ADMISSION_LEASE_S": "3",
+            "KESTREL_ADMISSION_ADDR": f"{env['KESTREL_ADMISSION_ADDR']},127.0.0.1:{second}"}
+    lp = Loop(env, tmp_path, database)
+    try:
+        lp.start_all()
+        replicas = [lp.procs["admission"], lp.start("admission", port=second)]
+        leader = await until("one admission replica to hold the Lease", lambda: asyncio.sleep(
+            0, next((p for p in replicas if f"-{p.pid}-" in _lease_holder(lease)), None)))
+        other = next(p for p in replicas if p is not leader)
+        client = await lp.tenant("1")
+        tenant = lp.tenants[-1]
+        jobs = [await client.submit_job(name=f"j{i}", gpus=1, max_duration_s=100,
+                                        sim_duration_s=60 if i == 0 else 2, flavor="gpu-h100")
+                for i in range(2)]
+        assert [j.state for j in jobs] == [JobState.ADMITTED, JobState.HELD]
+
+        async def pending() -> dict[str, Any] | None:
+            w = await asyncio.to_thread(workload, tenant, jobs[1].job_id)
+            ours = [c for c in (w or {}).get("status", {}).get("admissionChecks", [])
+                    if c["name"] == "kestrel-runway"]
+            return w if ours and ours[0]["state"] == "Pending" else None
+
+        await until("the held job's Workload Pending at the runway check", pending)
+        patched = [b"runway_check: check " in p.log_path.read_bytes() for p in (leader, other)]
+        assert patched == [True, False], "only the Lease holder patches the check"
+        leader.kill9()
+        killed = time.monotonic()
+        async with lp.operator() as op:
+            await op.top_up(tenant, "1")
+        await until("the held job released and run", in_state(client, jobs[1].job_id,
+                                                                JobState.RUNNING,
+                                                                JobState.SUCCEEDED))
+        print(f"\nadmission hand-over: the held job ran {time.monotonic() - killed:.1f} s "
+              "after kill -9 of the Lease holder (Lease 3 s)")
+        assert f"-{other.pid}-" in _lease_holder(lease)
+        await until("the released job succeeded", in_state(client, jobs[1].job_id,
+                                                              JobState.SUCCEEDED))
+        await client.close()
+    finally:
+        lp.stop_all()
+        kc.kubectl("delete", "lease", "-n", "default", lease, "--ignore-not-found",
+                   check=False)

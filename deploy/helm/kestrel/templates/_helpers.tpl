@@ -52,7 +52,7 @@ $(KESTREL_POD_IP):{{ .Values.gateway.replicasPort }}
 {{- if .root.Values.hostNetwork -}}
 $(KESTREL_POD_IP):{{ $svc.port }}
 {{- else -}}
-{{ include "kestrel.fullname" .root }}-{{ .name }}.{{ .root.Release.Namespace }}.svc:{{ $svc.port }}
+dns:///{{ include "kestrel.fullname" .root }}-{{ .name }}-pods.{{ .root.Release.Namespace }}.svc:{{ $svc.port }}
 {{- end -}}
 {{- end -}}
 
