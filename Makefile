@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 include cluster/versions.env
 
 .PHONY: help setup proto api-docs proto-check buf-lint buf-breaking lint test test-unit \
-        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-scale bench-jobs bench-infer bench-gpu bench-autoscale soak chaos up down status grpcurl \
+        test-integration test-e2e prom-lint demo bench-meter bench-gateway bench-scale bench-jobs bench-infer bench-gpu bench-autoscale soak chaos chaos-ha up down status grpcurl \
         helm helm-check compose compose-check compose-up compose-down devstack-up devstack-down devstack-status clean sim-autoscale
 
 help: ## This list
@@ -99,6 +99,9 @@ bench-jobs: setup ## The whole plane vs bare Kueue on the real cluster; the gate
 
 chaos: setup ## Every component faulted in turn under load (kill -9, restarts): nothing lost or doubled
 	$(PY) -m bench.chaos $(BENCH_ARGS)
+
+chaos-ha: setup ## Two replicas of every service, three NATS nodes: one of each killed in turn under load
+	$(PY) -m bench.chaos --ha $(BENCH_ARGS)
 
 sim-autoscale: setup ## Autoscaler scenarios replayed through its core (simulated): reports/sim-autoscale/
 	$(PY) -m bench.autoscale_sim --out reports/sim-autoscale $(SIM_ARGS)

@@ -34,6 +34,17 @@ kills one. With --apiservers 1 the kill is a whole control-plane outage: recover
 then bounded by Kueue's client-go reflectors, which double their wait from 0.8 s with
 each refused try (README, Reliability).
 
+--ha (make chaos-ha) runs two replicas of every service (the gateway, admission and
+the meter side by side, clients and callers balancing over them; of the placer, the
+autoscaler and admission's runway check the Lease holder acts), NATS as three
+JetStream nodes with every stream at three replicas, and two kube-apiservers; the
+faults are kill -9 of one replica of each service (the Lease holder where there is
+one), of the NATS node leading KESTREL_WORKLOADS and of one kube-apiserver, and the
+supervisor starts the killed one again meanwhile: recovery is what the survivors give.
+Postgres is one postmaster (pg_nodes=1): no failover pair yet.
+Last line: ha: replicas=<n> nats_nodes=<n> pg_nodes=<n> faults=<n> survived=<n> lost=<n>
+dup=<n> max_recovery_s=<x>
+
 KESTREL_CHAOS_VERBOSE=1 prints each state the probe job passes through, and what
 Kubernetes holds of it, with its time since the fault, then the CPU each component
 spent until the plane recovered (where a recovery's seconds go).
@@ -86,6 +97,12 @@ FAULTS = ("gateway", "admission", "placer", "meter", "autoscaler", "nats", "post
           "redis", "kube-apiserver", "kueue")
 HOW = {"nats": "restart", "redis": "restart"}  # the rest: kill -9
 BASELINE = "none (baseline)"
+# --ha: one replica of each service, the NATS node leading the workload stream, one of
+# two kube-apiservers; each killed with -9 while the others carry on.
+HA_FAULTS = ("gateway", "admission", "placer", "meter", "autoscaler", "nats",
+             "kube-apiserver")
+LEASED = ("admission", "placer", "autoscaler")  # --ha kills the Lease holder of these
+HA_NATS_NODES = 3
 
 
 @dataclass
@@ -128,6 +145,9 @@ class Phase:
 class Report:
     phases: list[Phase]
     apiservers: int = 1
+    replicas: int = 1  # of each service (--ha: 2)
+    nats_nodes: int = 1
+    pg_nodes: int = 1
 
     @property
     def faults(self) -> list[Phase]:
@@ -136,6 +156,13 @@ class Report:
     def line(self) -> str:
         rec = [p.recovery_s for p in self.faults if p.recovery_s is not None]
         worst = max(rec) if len(rec) == len(self.faults) and rec else float("inf")
+        if self.replicas > 1:
+            return (f"ha: replicas={self.replicas} nats_nodes={self.nats_nodes} "
+                    f"pg_nodes={self.pg_nodes} faults={len(self.faults)} "
+                    f"survived={sum(p.survived for p in self.faults)} "
+                    f"lost={sum(p.lost for p in self.phases)} "
+                    f"dup={sum(p.duplicated for p in self.phases)} "
+                    f"max_recovery_s={worst:.1f}")
         return (f"chaos: faults={len(self.faults)} "
                 f"survived={sum(p.survived for p in self.faults)} "
                 f"lost={sum(p.lost for p in self.phases)} "
@@ -143,7 +170,9 @@ class Report:
                 f"max_recovery_s={worst:.1f}")
 
     def table(self) -> Table:
-        t = Table(title=f"chaos (2 cores; GPU nodes simulated by KWOK, Kueue and the "
+        ha = (f"{self.replicas} replicas of each service, {self.nats_nodes} NATS nodes, "
+              if self.replicas > 1 else "")
+        t = Table(title=f"chaos ({ha}2 cores; GPU nodes simulated by KWOK, Kueue and the "
                         f"control plane real, {self.apiservers} kube-apiserver"
                         f"{'s' if self.apiservers > 1 else ''})")
         for col in ("fault", "how", "probe before s", "restart s", "recovery s", "calls",
@@ -165,16 +194,22 @@ class Report:
 
 class Chaos:
     def __init__(self, root: Path, info: cluster.ClusterInfo, tenants: int, rate: float,
-                 progress: Callable[[str], None], apiservers: int = 1) -> None:
+                 progress: Callable[[str], None], apiservers: int = 1,
+                 ha: bool = False) -> None:
         self.root = root
         self.apiservers = apiservers
         self.info = info
         self.n_tenants = tenants
         self.rate = rate
         self.say = progress
-        self.stack = Stack(root / "devstack", durable=True)
-        self.procs: dict[str, ServiceProcess] = {}
+        self.ha = ha
+        self.replicas = 2 if ha else 1
+        self.stack = Stack(root / "devstack", durable=True,
+                           nats_nodes=HA_NATS_NODES if ha else 1)
+        self.procs: dict[str, ServiceProcess] = {}  # by replica: `meter`, `meter-2`, ...
         self.env: dict[str, str] = {}
+        self.replica_env: dict[str, dict[str, str]] = {}  # a replica's own ports
+        self.repair: asyncio.Task[None] | None = None  # --ha: the killed one restarting
         self.starts = 0
         self.faulting: set[str] = set()
         self.phase = Phase(BASELINE)
@@ -189,27 +224,74 @@ class Chaos:
 
     # --- the plane ------------------------------------------------------------------
 
-    def _start(self, name: str) -> None:
+    def replica_names(self, service: str) -> list[str]:
+        return [service, *(f"{service}-{i}" for i in range(2, self.replicas + 1))]
+
+    def lease(self, service: str) -> str:
+        return f"kestrel-{service}-chaos-{self.run_id}"
+
+    def _start(self, replica: str) -> None:
         self.starts += 1
-        self.procs[name] = ServiceProcess(
-            name, self.env, self.env[f"KESTREL_{name.upper()}_ADDR"],
-            self.root / f"{name}-{self.starts}.log").start(timeout_s=120)
+        service = replica.split("-")[0]
+        env = {**self.env, **self.replica_env.get(replica, {})}
+        proc = ServiceProcess(service, env, f"127.0.0.1:{env[f'KESTREL_{service.upper()}_PORT']}",
+                              self.root / f"{replica}-{self.starts}.log")
+        self.procs[replica] = proc
+        if service == "placer" and self.ha:
+            proc.spawn()  # of two placers the standby serves only once it leads
+        else:
+            proc.start(timeout_s=120)
 
     def up(self) -> None:
         self.stack.up()
-        ports = port_map(*SERVICES, "replicas")  # + the gateway's internal Replicas
+        replicas = [r for n in SERVICES for r in self.replica_names(n)]
+        gateways = self.replica_names("gateway")
+        # Each replica its ports, and the gateway's internal Replicas one of its own.
+        ports = port_map(*replicas, *(f"{g}/replicas" for g in gateways))
         self.env = {
             **self.stack.env(), "KESTREL_OPERATOR_TOKEN": TOKEN,
             "KESTREL_LOG_LEVEL": os.environ.get("KESTREL_CHAOS_LOG_LEVEL", "WARNING"),
             "KESTREL_KUBECONFIG": str(self.info.kubeconfig), "KESTREL_PRICES": PRICES,
             "KESTREL_WORKER_REDIS_URL": self.stack.redis_url,
-            "KESTREL_AUTOSCALER_LEASE": f"kestrel-autoscaler-chaos-{self.run_id}",
+            "KESTREL_AUTOSCALER_LEASE": self.lease("autoscaler"),
             "KESTREL_AUTOSCALER_LEASE_S": "3",
-            **{f"KESTREL_{n.upper()}_PORT": str(p) for n, p in ports.items()},
-            **{f"KESTREL_{n.upper()}_ADDR": f"127.0.0.1:{p}" for n, p in ports.items()},
-            **{f"KESTREL_{n.upper()}_METRICS_PORT": "0" for n in ports}}
-        for name in SERVICES:
-            self._start(name)
+            "KESTREL_REPLICAS_PORT": str(ports["gateway/replicas"]),
+            "KESTREL_REPLICAS_ADDR": ",".join(f"127.0.0.1:{ports[f'{g}/replicas']}"
+                                              for g in gateways),
+            **{f"KESTREL_{n.upper()}_PORT": str(ports[n]) for n in SERVICES},
+            **{f"KESTREL_{n.upper()}_ADDR": ",".join(f"127.0.0.1:{ports[r]}"
+                                                     for r in self.replica_names(n))
+               for n in SERVICES},
+            **{f"KESTREL_{n.upper()}_METRICS_PORT": "0" for n in SERVICES}}
+        if self.ha:
+            self.env |= {"KESTREL_PLACER_LEASE": self.lease("placer"),
+                         "KESTREL_PLACER_LEASE_S": "3",
+                         "KESTREL_ADMISSION_LEASE": self.lease("admission"),
+                         "KESTREL_ADMISSION_LEASE_S": "3",
+                         # what a killed meter had fetched goes to the other this soon
+                         "KESTREL_METER_ACK_WAIT_S": "3"}
+        for r in replicas:
+            service = r.split("-")[0]
+            self.replica_env[r] = {f"KESTREL_{service.upper()}_PORT": str(ports[r])}
+            if service == "gateway":
+                self.replica_env[r]["KESTREL_REPLICAS_PORT"] = str(ports[f"{r}/replicas"])
+        for r in replicas:
+            self._start(r)
+        if self.ha:  # one placer leads and serves before the load starts
+            placers = [self.procs[r] for r in self.replica_names("placer")]
+            deadline = time.monotonic() + 120
+            while not any(self._serving(p) for p in placers):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("no placer took the Lease within 120 s")
+                time.sleep(0.5)
+
+    @staticmethod
+    def _serving(p: ServiceProcess) -> bool:
+        try:
+            p.wait(timeout_s=0.5)
+            return True
+        except (TimeoutError, RuntimeError):
+            return False
 
     def down(self) -> None:
         for p in self.procs.values():
@@ -221,8 +303,7 @@ class Chaos:
             cluster.kubectl("delete", "clusterqueue", *queues, "--ignore-not-found",
                             "--wait=false", check=False)  # Kueue finalizes them later
         cluster.kubectl("delete", "lease", "-n", "default",
-                        f"kestrel-autoscaler-chaos-{self.run_id}", "--ignore-not-found",
-                        check=False)
+                        *(self.lease(n) for n in LEASED), "--ignore-not-found", check=False)
         self.stack.destroy()
 
     def client(self, key: str) -> AsyncClient:
@@ -330,6 +411,69 @@ class Chaos:
                     raise
                 self.say(f"    devstack up failed ({str(exc)[:120]}); retrying")
                 await asyncio.sleep(1)
+
+    def _holder(self, service: str) -> str:
+        """The replica whose process holds the service's Lease (`service` if none)."""
+        out = cluster.kubectl("get", "lease", "-n", "default", self.lease(service), "-o",
+                              "jsonpath={.spec.holderIdentity}", check=False).stdout
+        for r in self.replica_names(service):
+            p = self.procs.get(r)
+            if p is not None and p.proc is not None and f"-{p.pid}-" in out:
+                return r
+        return service
+
+    async def _nats_leader(self) -> str:
+        """The NATS node leading KESTREL_WORKLOADS (every workload event goes through it)."""
+        nc = await bus.connect(self.stack.nats_url, "chaos-leader")
+        try:
+            info = await nc.jetstream().stream_info("KESTREL_WORKLOADS")
+            leader = info.cluster.leader if info.cluster else None
+        finally:
+            await nc.close()
+        if leader not in self.stack.pids:
+            raise RuntimeError(f"KESTREL_WORKLOADS is led by {leader!r}, not a node of ours")
+        return str(leader)
+
+    async def inject_ha(self, fault: str, t0: float) -> str:
+        """Kill one replica (the Lease holder, the stream's leader node, one of two
+        apiservers) and start it again in the background, as a supervisor would; the
+        probe meanwhile measures what the survivors give. Returns what was killed."""
+        if fault in SERVICES:
+            victim = (await asyncio.to_thread(self._holder, fault) if fault in LEASED
+                      else fault)
+            self.faulting.add(victim)
+            await asyncio.to_thread(self.procs[victim].kill9)
+
+            async def restart() -> None:
+                try:
+                    await asyncio.to_thread(self._start, victim)
+                finally:
+                    self.faulting.discard(victim)
+        elif fault == "nats":
+            victim = await self._nats_leader()
+            await self._kill(self.stack.pids[victim], signal.SIGKILL)
+
+            async def restart() -> None:
+                await self._repair_stack()
+        elif fault == "kube-apiserver":
+            victim = "kube-apiserver"
+            pid = next(p.pid for p in cluster.process_health() if p.component == fault)
+            assert pid is not None
+            await self._kill(pid, signal.SIGKILL)
+
+            async def restart() -> None:
+                await asyncio.to_thread(cluster.restart_dead, self.say)
+        else:
+            raise ValueError(f"unknown --ha fault {fault!r}; known: {', '.join(HA_FAULTS)}")
+
+        phase = self.phase
+
+        async def timed() -> None:
+            await restart()
+            phase.repair_s = time.monotonic() - t0
+
+        self.repair = asyncio.create_task(timed())
+        return victim
 
     async def inject(self, fault: str) -> None:
         if fault in SERVICES:
@@ -468,14 +612,23 @@ class Chaos:
                 t0 = time.monotonic()
                 cpu0 = account.take_cpu() if self.verbose else {}
                 try:
-                    await self.inject(fault)
-                    self.phase.repair_s = time.monotonic() - t0
+                    if self.ha:
+                        self.phase.how = f"kill -9 of {await self.inject_ha(fault, t0)}"
+                    else:
+                        await self.inject(fault)
+                        self.phase.repair_s = time.monotonic() - t0
                 except Exception as exc:  # reported as not survived
                     self.phase.notes.append(f"repair failed: {exc}")
                     self.say(f"  {fault}: repair failed: {exc}")
                 self.phase.recovery_s = await self.probe(t0, recovery_timeout_s)
                 if self.phase.recovery_s is None:
                     self.phase.notes.append(f"probe, last seen: {self.last_probe}")
+                if self.repair is not None:  # the killed one back before the next fault
+                    try:
+                        await self.repair
+                    except Exception as exc:
+                        self.phase.notes.append(f"restart failed: {exc}")
+                    self.repair = None
                 if self.verbose:  # where the CPU went while the plane recovered
                     bill = sorted(account.spent(cpu0, account.take_cpu()).items(),
                                   key=lambda kv: -kv[1])
@@ -492,7 +645,7 @@ class Chaos:
         await self.verify()
         for c in self.clients.values():
             await c.close()
-        return Report(self.phases, self.apiservers)
+        return Report(self.phases, self.apiservers, self.replicas, self.stack.nats_nodes)
 
     async def resolve_pending(self) -> None:
         """Submits that never got an answer are retried (same key) until they do."""
@@ -650,17 +803,20 @@ class Chaos:
 async def run(root: Path, faults: list[str], *, tenants: int = 3, rate: float = 0.5,
               settle_s: float = 8.0, recovery_timeout_s: float = 90.0,
               progress: Callable[[str], None] = print, keep: bool = False,
-              show: Callable[[Report], None] = lambda r: None, apiservers: int = 1) -> Report:
+              show: Callable[[Report], None] = lambda r: None, apiservers: int = 1,
+              ha: bool = False) -> Report:
     info = await asyncio.to_thread(cluster.ensure_cluster, lambda s: progress(f"  cluster: {s}"))
     if apiservers not in (1, 2):
         raise ValueError(f"apiservers must be 1 or 2, not {apiservers}")
-    chaos = Chaos(root, info, tenants, rate, progress, apiservers)
+    chaos = Chaos(root, info, tenants, rate, progress, apiservers, ha)
     try:
         if apiservers == 2:
             await asyncio.to_thread(cluster.start_apiserver_replica, progress)
         await asyncio.to_thread(chaos.up)
-        progress(f"  plane up: {', '.join(SERVICES)}; {tenants} tenants at {rate:g} job/s "
-                 f"each, reads every 0.5 s, deadline {DEADLINE_S:g} s")
+        progress(f"  plane up: {', '.join(SERVICES)}"
+                 f"{f' x{chaos.replicas}, NATS x{chaos.stack.nats_nodes}' if ha else ''}; "
+                 f"{tenants} tenants at {rate:g} job/s each, reads every 0.5 s, "
+                 f"deadline {DEADLINE_S:g} s")
         report = await chaos.run(faults, settle_s, recovery_timeout_s)
         show(report)  # before the teardown, which waits for Kubernetes' deletions
         return report
@@ -673,8 +829,11 @@ async def run(root: Path, faults: list[str], *, tenants: int = 3, rate: float = 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--faults", default=",".join(FAULTS),
-                    help="comma-separated, in order (default: all)")
+    ap.add_argument("--ha", action="store_true",
+                    help="two replicas of every service and three NATS nodes; faults kill "
+                         "one replica each (make chaos-ha)")
+    ap.add_argument("--faults", default="",
+                    help="comma-separated, in order (default: all of the mode's)")
     ap.add_argument("--tenants", type=int, default=3)
     ap.add_argument("--rate", type=float, default=0.5, help="jobs per second per tenant")
     ap.add_argument("--settle-s", type=float, default=8.0,
@@ -683,10 +842,11 @@ def main() -> None:
                     help="kube-apiservers sharing the control plane's address (default 2)")
     ap.add_argument("--keep", action="store_true", help="leave the plane and devstack up")
     args = ap.parse_args()
-    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
-    unknown = sorted(set(faults) - set(FAULTS))
+    known = HA_FAULTS if args.ha else FAULTS
+    faults = [f.strip() for f in (args.faults or ",".join(known)).split(",") if f.strip()]
+    unknown = sorted(set(faults) - set(known))
     if unknown:
-        ap.error(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
+        ap.error(f"unknown faults {unknown}; known: {', '.join(known)}")
     was_up = cluster.is_up()
     root = Path(tempfile.mkdtemp(prefix="kestrel-chaos-", dir="/tmp"))
     os.chmod(root, 0o755)  # Postgres runs as its own user and must reach its data
@@ -703,7 +863,8 @@ def main() -> None:
     try:
         report = asyncio.run(run(root, faults, tenants=args.tenants, rate=args.rate,
                                  settle_s=args.settle_s, progress=console.print,
-                                 keep=args.keep, show=show, apiservers=args.apiservers))
+                                 keep=args.keep, show=show, apiservers=args.apiservers,
+                                 ha=args.ha))
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

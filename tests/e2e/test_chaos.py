@@ -38,3 +38,26 @@ async def test_the_plane_survives_a_crashed_meter_nats_restarted_and_postgres_an
         assert (p.lost, p.duplicated) == (0, 0), f"{p.fault}: {p.notes}"
     assert sum(p.jobs for p in report.phases) >= 20  # the load really ran throughout
     assert all(p.calls for p in report.phases)
+
+
+async def test_with_two_replicas_a_replica_of_each_and_a_nats_node_die_and_nothing_is_lost(
+        cluster_up: kc.ClusterInfo) -> None:
+    """`make chaos-ha` in short: two replicas of every service, NATS as three nodes; one
+    replica of each service (the Lease holder where one leads) and the node leading the
+    workload stream killed with -9 in turn, while the survivors carry the load."""
+    root = Path(tempfile.mkdtemp(prefix="kestrel-chaos-ha-", dir="/tmp"))
+    os.chmod(root, 0o755)  # Postgres runs as its own user
+    report = await chaos.run(root, list(chaos.HA_FAULTS[:-1]), tenants=2, rate=1.0,
+                             settle_s=4.0, ha=True)
+    print()
+    for p in report.phases:
+        print(f"{p.fault} ({p.how}): recovery {p.recovery_s} s, {p.calls} calls "
+              f"({p.errors} errors), {p.jobs} jobs, restarts {p.restarts}, notes {p.notes[:3]}")
+    print(report.line())
+    assert report.line().startswith("ha: replicas=2 nats_nodes=3 ")
+    for p in report.phases:
+        assert p.recovery_s is not None, f"{p.fault}: the plane never recovered ({p.notes})"
+        assert not p.unclear, f"{p.fault}: calls ended without a clear status: {p.unclear}"
+        assert p.hung == 0, f"{p.fault}: {p.hung} calls outlived their deadline"
+        assert (p.lost, p.duplicated) == (0, 0), f"{p.fault}: {p.notes}"
+    assert sum(p.jobs for p in report.phases) >= 20  # the load really ran throughout
