@@ -238,3 +238,26 @@ async def test_open_reservations_is_always_reservations_less_their_releases(
         await pool.execute("INSERT INTO reservation_releases VALUES ('nope', 'x', $1)", T0)
     assert await pool.fetchval(
         "SELECT count(*) FROM open_reservations WHERE tenant LIKE 'proj-%'") == len(got)
+
+
+async def test_a_multi_host_dsn_skips_a_dead_host_and_writes_to_the_one_that_answers(
+        database: str) -> None:
+    """What an HA Postgres gives the services (docs/operations.md): a libpq multi-host
+    URL with target_session_attrs=read-write, whose first host is gone (a primary that
+    failed over): the services' pool connects to the next and writes there."""
+    from urllib.parse import urlsplit
+
+    from kestrel_tools.devstack import free_port
+
+    url = urlsplit(database)
+    assert url.hostname and url.port
+    user = f"{url.username}:{url.password}@" if url.password else f"{url.username}@"
+    dsn = (f"postgresql://{user}127.0.0.1:{free_port()},{url.hostname}:{url.port}{url.path}"
+           "?target_session_attrs=read-write")
+    pool = await create_pool(dsn, max_size=1)
+    try:
+        assert await pool.fetchval("SELECT inet_server_port()") == url.port
+        assert await pool.fetchval("SHOW transaction_read_only") == "off"
+        await pool.execute("CREATE TEMP TABLE t (x int); INSERT INTO t VALUES (1)")
+    finally:
+        await pool.close()
