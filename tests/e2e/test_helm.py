@@ -129,3 +129,45 @@ def test_the_chart_refuses_to_render_without_an_image_tag_or_stores(
                               capture_output=True, text=True, check=False)
         assert proc.returncode != 0
         assert message in proc.stderr
+
+
+def _template(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helmcheck.helm_binary()), "template", "x", str(helmcheck.CHART),
+                           "--kube-version", "1.34.0", "--set", "image.tag=t",
+                           "--set", "stores.existingSecret=s", *args],
+                          capture_output=True, text=True, check=False)
+
+
+def test_a_typo_in_the_values_is_refused_with_its_key_named(
+        installed: helmcheck.Result) -> None:
+    proc = _template("--set", "gatway.replicas=3")
+    assert proc.returncode != 0
+    assert "additional properties 'gatway' not allowed" in proc.stderr
+    proc = _template("--set", "meter.replicas=two")
+    assert proc.returncode != 0 and "replicas" in proc.stderr
+
+
+def test_the_service_monitor_renders_only_where_the_prometheus_operator_is(
+        installed: helmcheck.Result) -> None:
+    assert "kind: ServiceMonitor" not in _template().stdout  # off by default
+    proc = _template("--set", "serviceMonitor.enabled=true")
+    assert proc.returncode != 0 and "Prometheus Operator's CRDs" in proc.stderr
+    proc = _template("--set", "serviceMonitor.enabled=true", "--set",
+                     "serviceMonitor.labels.release=prom", "--api-versions",
+                     "monitoring.coreos.com/v1/ServiceMonitor")
+    assert proc.returncode == 0, proc.stderr
+    monitor = next(d for d in proc.stdout.split("\n---") if "kind: ServiceMonitor" in d)
+    assert "release: prom" in monitor and "port: metrics" in monitor
+    # It selects the five Services that carry a metrics port, not the headless ones.
+    services = [d for d in proc.stdout.split("\n---") if "kind: Service\n" in d]
+    assert sum('kestrel.dev/metrics: "true"' in d for d in services) == 5
+
+
+def test_the_install_notes_say_how_to_reach_the_gateway_and_act_as_operator(
+        installed: helmcheck.Result) -> None:
+    notes = subprocess.run([str(helmcheck.helm_binary()), "--kubeconfig",
+                            str(kc.PATHS.kubeconfig), "get", "notes", RELEASE, "-n",
+                            NAMESPACE], capture_output=True, text=True, check=True).stdout
+    assert f"helm test {RELEASE} -n {NAMESPACE}" in notes
+    assert "the pods share their node's network" in notes  # values-local: hostNetwork
+    assert f"get secret {RELEASE}-operator-token" in notes
