@@ -6,7 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kestrel import bus
 from kestrel_sdk.v1 import common_pb2, events_pb2
@@ -54,3 +54,24 @@ async def eventually(fn: Callable[[], Awaitable[T]], ok: Callable[[T], bool],
         await asyncio.sleep(0.05)
         value = await fn()
     return value
+
+
+async def ledger_settles(db: Any, spec: dict[str, tuple[int, int]], events: int) -> None:
+    """After a stream of `events` for `spec` (workload -> (gpus, length_us)): every event
+    stored, every allocation closed, and each workload's rows sum to gpus x length, none
+    closed twice (what a kill -9 mid-stream must not change)."""
+    stored = await eventually(lambda: db.fetchval("SELECT count(*) FROM workload_events"),
+                              lambda n: n == events, timeout_s=120)
+    assert stored == events
+    open_left = await eventually(
+        lambda: db.fetchval("SELECT count(*) FROM allocations WHERE status <> 2"),
+        lambda n: n == 0, timeout_s=30)
+    assert open_left == 0
+    sums = {r["workload_id"]: (r["g"], r["closing"]) for r in await db.fetch("""
+        SELECT workload_id, sum(gpu_us) g,
+               count(*) FILTER (WHERE cause_id NOT LIKE 'tick-%') closing
+        FROM ledger GROUP BY workload_id""")}
+    lost = [w for w in spec if w not in sums]
+    wrong = [w for w, (gpus, length) in spec.items() if w in sums and sums[w][0] != gpus * length]
+    closed_twice = [w for w, (_, closing) in sums.items() if closing > 1]
+    assert (lost, wrong, closed_twice) == ([], [], [])

@@ -10,7 +10,7 @@ import pytest
 
 from kestrel.clock import now_us
 from kestrel_tools.procs import ServiceProcess
-from tests.integration.helpers import eventually, publish_events, wev
+from tests.integration.helpers import eventually, ledger_settles, publish_events, wev
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -37,19 +37,5 @@ async def test_kill_9_mid_stream_then_restart_loses_and_duplicates_nothing(
     await streaming
     meter_factory(KESTREL_METER_TICK_S="0.1", KESTREL_METER_BATCH="200").start()
 
-    stored = await eventually(lambda: db.fetchval("SELECT count(*) FROM workload_events"),
-                              lambda n: n == len(events), timeout_s=120)
-    assert stored == len(events)
-    open_left = await eventually(
-        lambda: db.fetchval("SELECT count(*) FROM allocations WHERE status <> 2"),
-        lambda n: n == 0, timeout_s=30)
-    assert open_left == 0
-    sums = {r["workload_id"]: (r["g"], r["closing"]) for r in await db.fetch("""
-        SELECT workload_id, sum(gpu_us) g,
-               count(*) FILTER (WHERE cause_id NOT LIKE 'tick-%') closing
-        FROM ledger GROUP BY workload_id""")}
-    lost = [w for w in spec if w not in sums]
-    wrong = [w for w, (gpus, length) in spec.items() if w in sums and sums[w][0] != gpus * length]
-    closed_twice = [w for w, (_, closing) in sums.items() if closing > 1]
-    assert (lost, wrong, closed_twice) == ([], [], [])
+    await ledger_settles(db, spec, len(events))
     await db.close()

@@ -25,7 +25,7 @@ from kestrel_sdk.v1 import events_pb2, meter_pb2, meter_pb2_grpc
 from kestrel_tools.devstack import free_port
 from kestrel_tools.procs import ServiceProcess
 from services.meter import audit
-from tests.integration.helpers import eventually, publish_events, wev
+from tests.integration.helpers import eventually, ledger_settles, publish_events, wev
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -97,21 +97,7 @@ async def test_two_replicas_meter_every_row_once_and_one_survives_the_others_kil
     await streaming
     await publish_events(clean_bus, events[cut:], concurrency=32)
 
-    stored = await eventually(lambda: db.fetchval("SELECT count(*) FROM workload_events"),
-                              lambda n: n == len(events), timeout_s=120)
-    assert stored == len(events)
-    open_left = await eventually(
-        lambda: db.fetchval("SELECT count(*) FROM allocations WHERE status <> 2"),
-        lambda n: n == 0, timeout_s=30)
-    assert open_left == 0
-    sums = {r["workload_id"]: (r["g"], r["closing"]) for r in await db.fetch("""
-        SELECT workload_id, sum(gpu_us) g,
-               count(*) FILTER (WHERE cause_id NOT LIKE 'tick-%') closing
-        FROM ledger GROUP BY workload_id""")}
-    lost = [w for w in spec if w not in sums]
-    wrong = [w for w, (gpus, length) in spec.items() if w in sums and sums[w][0] != gpus * length]
-    closed_twice = [w for w, (_, closing) in sums.items() if closing > 1]
-    assert (lost, wrong, closed_twice) == ([], [], [])
+    await ledger_settles(db, spec, len(events))
     # The survivor answers each tenant's figure as the rows sum it; and so does the
     # newest figure on the stream, ordered by meter version whichever replica sent it.
     expected = {r["tenant"]: (r["credits"], r["charged"]) for r in await db.fetch("""
