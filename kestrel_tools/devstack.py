@@ -50,6 +50,7 @@ from kestrel.pgroles import (
     adopt_database_sql,
     provision_roles_sql,
 )
+from kestrel_tools import pgpair
 from kestrel_tools.cluster.processes import pid_alive
 from kestrel_tools.procs import as_user
 
@@ -215,6 +216,14 @@ class Stack:
     nats_nodes: int = 1
     nats_cluster_ports: list[list[int]] = field(default_factory=list)
     nats_route_password: str = ""
+    # 2: a primary and a synchronous standby run by Patroni (kestrel_tools.pgpair), with
+    # an etcd for its leader key; 1: one postmaster. Per member its Postgres port and its
+    # Patroni REST port; [client, peer] port of the etcd.
+    pg_nodes: int = 1
+    pg_ports: list[int] = field(default_factory=list)
+    pg_rest_ports: list[int] = field(default_factory=list)
+    etcd_ports: list[int] = field(default_factory=list)
+    pg_replication_password: str = ""
 
     # --- urls ----------------------------------------------------------------
 
@@ -222,6 +231,9 @@ class Stack:
         """DSN of a Postgres role (full name, e.g. kestrel_meter) on `database`."""
         password = self.passwords.get(role, "")
         auth = f"{role}:{password}" if password else role
+        if self.pg_nodes > 1 and self.pg_ports:  # whichever member is primary
+            hosts = ",".join(f"{HOST}:{p}" for p in self.pg_ports)
+            return f"postgresql://{auth}@{hosts}/{database}?target_session_attrs=read-write"
         return f"postgresql://{auth}@{HOST}:{self.pg_port}/{database}"
 
     @property
@@ -247,6 +259,28 @@ class Stack:
         return {**out, "KESTREL_POSTGRES_OWNER_DSN": self.dsn(OWNER_ROLE, database),
                 "KESTREL_POSTGRES_READER_DSN": self.dsn(READER_ROLE, database),
                 "KESTREL_POSTGRES_DSN": self.dsn(READER_ROLE, database)}
+
+    @property
+    def pg_node_names(self) -> list[str]:
+        """The process name of each Postgres member: `postgres` (for a pair, its Patroni),
+        then `postgres-2`; a pair's etcd is `etcd`."""
+        names = ["postgres", *(f"postgres-{i}" for i in range(2, self.pg_nodes + 1))]
+        return names if self.pg_nodes == 1 else ["etcd", *names]
+
+    def pg_member_home(self, i: int) -> Path:
+        """Member i's directory (its Patroni configuration, pgpass and `data`)."""
+        return self.pg_data.with_name(f"{self.pg_data.name}-m{i + 1}")
+
+    def pg_primary(self) -> int | None:
+        """Index of the member Patroni says is primary now (None: none, or one postmaster)."""
+        if self.pg_nodes == 1:
+            return None
+        return next((i for i, port in enumerate(self.pg_rest_ports)
+                     if pgpair.rest(port, "/primary")[0] == 200), None)
+
+    def pg_postmaster_pid(self, i: int) -> int | None:
+        """The postmaster of member i, as its data directory records it."""
+        return pgpair.postmaster_pid(self.pg_member_home(i) / "data")
 
     @property
     def nats_node_names(self) -> list[str]:
@@ -326,7 +360,8 @@ class Stack:
         report: dict[str, str] = {}
         for name in ("postgres", "nats", "redis"):
             old = self.pids.get(name)
-            nodes = self.nats_node_names if name == "nats" else [name]
+            nodes = {"nats": self.nats_node_names, "postgres": self.pg_node_names}.get(
+                name, [name])
             if all(alive.get(n) for n in nodes):
                 report[name] = f"{name} is running (pid {old}): reused"
                 continue
@@ -341,11 +376,16 @@ class Stack:
     def down(self, timeout_s: float = 20.0) -> None:
         """Stop every process cleanly (SIGTERM/SIGINT, then SIGKILL after timeout)."""
         sigs = {"postgres": signal.SIGINT, "nats": signal.SIGTERM, "redis": signal.SIGTERM}
-        for name, pid in self.pids.items():
-            if pid_alive(pid):
+        if self.pg_nodes > 1:  # Patroni stops its Postgres on SIGTERM; etcd goes last
+            sigs["postgres"] = signal.SIGTERM
+        order = sorted(self.pids.items(), key=lambda kv: kv[0] == "etcd")
+        for name, pid in order:
+            if name != "etcd" and pid_alive(pid):
                 os.kill(pid, sigs.get(name, signal.SIGTERM))
         deadline = time.monotonic() + timeout_s
-        for name, pid in list(self.pids.items()):
+        for name, pid in order:
+            if name == "etcd" and pid_alive(pid):  # once the Patronis above have stopped
+                os.kill(pid, signal.SIGTERM)
             while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
                 self._reap(pid)
@@ -353,6 +393,12 @@ class Stack:
                 os.kill(pid, signal.SIGKILL)
             self._reap(pid)
             del self.pids[name]
+        for i in range(self.pg_nodes if self.pg_nodes > 1 else 0):
+            # a Postgres whose Patroni was killed outlives it: stop it too
+            postmaster = self.pg_postmaster_pid(i)
+            if postmaster and pid_alive(postmaster):
+                with contextlib.suppress(OSError):
+                    os.kill(postmaster, signal.SIGQUIT)
         if self.root.exists():
             self.save()
 
@@ -382,6 +428,9 @@ class Stack:
         return PUBLIC_PG_DIR / "data" / digest
 
     def _start_postgres(self, timeout_s: float) -> None:
+        if self.pg_nodes > 1:
+            self._start_pg_pair(timeout_s)
+            return
         data = self.pg_data
         pg_user = _pg_user()
         as_pg = as_user(*pg_user) if pg_user else []  # an argv prefix: see kestrel_tools.procs
@@ -416,10 +465,103 @@ class Stack:
 
         _wait("postgres", ready, timeout_s, proc, log)
 
+    def _start_pg_pair(self, timeout_s: float) -> None:
+        """etcd and each Patroni member that is not running; then wait for a primary
+        and its synchronous standby (a member that was down rejoins as the standby)."""
+        from kestrel_tools.cluster.build import build
+        from kestrel_tools.cluster.paths import binary_paths
+
+        pg_user = _pg_user()
+        as_pg = as_user(*pg_user) if pg_user else []
+        n = self.pg_nodes
+        if len(self.pg_ports) != n:
+            ports = free_ports(2 * n + 2)
+            self.pg_ports, self.pg_rest_ports = ports[:n], ports[n:2 * n]
+            self.etcd_ports = ports[2 * n:]
+        self.pg_port = self.pg_ports[0]
+        self.passwords.setdefault(SUPERUSER, secrets.token_hex(16))
+        self.pg_replication_password = self.pg_replication_password or secrets.token_hex(16)
+        self.save()
+        public = PUBLIC_PG_DIR if os.geteuid() == 0 else self.root / "cache"
+        patroni = pgpair.patroni_venv(public)
+        if not pid_alive(self.pids.get("etcd", 0) or -1):
+            etcd = binary_paths()["etcd"]
+            if not etcd.exists():  # the cluster's own build, cached by version
+                build(lambda line: print(line, file=sys.stderr), ["etcd"])
+            (self.root / "etcd").mkdir(exist_ok=True, mode=0o700)
+            proc = self._spawn("etcd", pgpair.etcd_argv(etcd, self.root / "etcd",
+                                                         *self.etcd_ports))
+            _wait("etcd", lambda: _tcp_open(self.etcd_ports[0]), timeout_s, proc,
+                  self.root / "etcd.log")
+        for data in (PUBLIC_PG_DIR, PUBLIC_PG_DIR / "data"):
+            if self.pg_data.is_relative_to(data):
+                data.mkdir(parents=True, exist_ok=True)
+                os.chmod(data, 0o755)
+        for i, name in enumerate(self.pg_node_names[1:]):
+            if pid_alive(self.pids.get(name, 0) or -1):
+                continue
+            home = self.pg_member_home(i)
+            home.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if pg_user:
+                os.chown(home, *pg_user)
+            conf = home / "patroni.yml"
+            pgpair.write_config(conf, pgpair.member_config(
+                name=f"pg-{i + 1}", home=home, pg_port=self.pg_ports[i],
+                rest_port=self.pg_rest_ports[i], etcd_port=self.etcd_ports[0],
+                bin_dir=_pg_bin("postgres").parent,
+                superuser_password=self.passwords[SUPERUSER],
+                replication_password=self.pg_replication_password,
+                durable=self.durable), pg_user)
+            self._spawn(name, [*as_pg, str(patroni), str(conf)], cwd=str(home))
+        self.save()
+
+        def paired() -> bool:
+            roles = [pgpair.rest(p, "/health")[1].get("role") for p in self.pg_rest_ports]
+            return (self.pg_primary() is not None and
+                    all(pgpair.rest(p, "/health")[0] == 200 for p in self.pg_rest_ports)
+                    and any(pgpair.rest(p, "/sync")[0] == 200 for p in self.pg_rest_ports)
+                    and "replica" in roles)
+
+        _wait("the Postgres pair (a primary and its synchronous standby)", paired,
+              max(timeout_s, 120), None, self.root / "postgres.log")
+
+    def _pg_standbys_replay(self, timeout_s: float = 60.0) -> None:
+        """Wait until every standby has replayed what the primary wrote so far: a
+        synchronous commit is on the standby's disk, not yet applied, and libpq-style
+        clients trying hosts in order stop at a standby without the new database
+        (`database "kestrel" does not exist`) instead of going on to the primary."""
+        lsn = self._psql_socket("postgres", "SELECT pg_current_wal_lsn()")
+        primary = self.pg_primary()
+        for i in range(self.pg_nodes):
+            if i == primary:
+                continue
+            sock, port = self.pg_member_home(i) / "data", self.pg_ports[i]
+
+            def replayed(sock: Path = sock, port: int = port) -> bool:
+                r = subprocess.run(
+                    [str(_pg_bin("psql")), "-h", str(sock), "-p", str(port), "-U", SUPERUSER,
+                     "-d", "postgres", "-qtA", "-c",
+                     f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"],
+                    capture_output=True, text=True)
+                return r.stdout.strip() == "t"
+
+            _wait(f"Postgres standby {i + 1} to replay {lsn}", replayed, timeout_s, None,
+                  self.root / f"{self.pg_node_names[i + 1]}.log")
+
+    def _pg_socket(self) -> tuple[Path, int]:
+        """Where the superuser's trusted Unix socket is: the primary's data directory."""
+        if self.pg_nodes == 1:
+            return self.pg_data, self.pg_port
+        i = self.pg_primary()
+        if i is None:
+            raise StackError("the Postgres pair has no primary now")
+        return self.pg_member_home(i) / "data", self.pg_ports[i]
+
     def _psql_socket(self, database: str, sql: str) -> str:
         """Run `sql` as the superuser over Postgres' Unix socket (trusted)."""
+        sock, port = self._pg_socket()
         result = subprocess.run(
-            [str(_pg_bin("psql")), "-h", str(self.pg_data), "-p", str(self.pg_port), "-U",
+            [str(_pg_bin("psql")), "-h", str(sock), "-p", str(port), "-U",
              SUPERUSER, "-d", database, "-v", "ON_ERROR_STOP=1", "-qtA", "-f", "-"],
             input=sql, capture_output=True, text=True)
         if result.returncode != 0:
@@ -440,11 +582,22 @@ class Stack:
         if exists != "1":
             self._psql_socket("postgres", f"CREATE DATABASE {DATABASE} OWNER {OWNER_ROLE}")
         self._psql_socket(DATABASE, adopt_database_sql(DATABASE))
+        if self.pg_nodes > 1:  # Patroni writes each member's pg_hba.conf itself
+            self._pg_standbys_replay()
+            return
         hba = self.pg_data / "pg_hba.conf"
         if hba.read_text() != PG_HBA:
             with open(hba, "w") as f:  # rewritten in place: its owner and mode stay
                 f.write(PG_HBA)
             self._psql_socket("postgres", "SELECT pg_reload_conf()")
+
+    def start_postgres(self, timeout_s: float = 60.0) -> None:
+        """Postgres alone (one postmaster or the pair), provisioned; `up` starts all."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o755)
+        self._start_postgres(timeout_s)
+        self.save()
+        self.provision()
 
     def start_nats(self, timeout_s: float = 60.0) -> None:
         """NATS alone (every node of a cluster that is not running); `up` starts all."""
@@ -514,13 +667,25 @@ class Stack:
     def destroy(self) -> None:
         self.down()
         shutil.rmtree(self.pg_data, ignore_errors=True)
+        for i in range(self.pg_nodes if self.pg_nodes > 1 else 0):
+            shutil.rmtree(self.pg_member_home(i), ignore_errors=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def open_stack(root: Path = DEFAULT_DIR, nats_nodes: int | None = None) -> Stack:
+def open_stack(root: Path = DEFAULT_DIR, nats_nodes: int | None = None,
+               pg_nodes: int | None = None) -> Stack:
     """The stack in `root` (a new one if none). `nats_nodes` (default KESTREL_NATS_NODES,
-    which `make up HA=1` sets to 3) changes a stack's NATS only while it is stopped."""
+    which `make up HA=1` sets to 3) changes a stack's NATS only while it is stopped;
+    `pg_nodes` (KESTREL_PG_NODES, 2 under HA=1) makes its Postgres a Patroni pair, only
+    for a stack whose Postgres was never started (the data is not converted)."""
     stack = Stack.load(root) or Stack(root)
+    pg = pg_nodes or int(os.environ.get("KESTREL_PG_NODES", "0") or 0)
+    if pg and pg != stack.pg_nodes:
+        if stack.pg_port:
+            raise StackError(f"Postgres in {root} runs {stack.pg_nodes} node(s), not {pg}: "
+                             "`python -m kestrel_tools.devstack destroy` first (its data "
+                             "is not converted)")
+        stack.pg_nodes = pg
     wanted = nats_nodes or int(os.environ.get("KESTREL_NATS_NODES", "0") or 0)
     if wanted and wanted != stack.nats_nodes:
         if any(stack.status().get(n) for n in stack.nats_node_names):

@@ -54,3 +54,24 @@ def test_a_stacks_env_gives_each_service_its_own_role_and_nothing_the_superuser(
     assert env["KESTREL_POSTGRES_DSN"] == env["KESTREL_POSTGRES_READER_DSN"] == s.postgres_dsn
     assert not any("postgres:" in v or "//postgres@" in v for v in env.values())
     assert s.postgres_admin_dsn == "postgresql://postgres:su@127.0.0.1:5555/postgres"
+
+
+def test_a_pairs_services_connect_to_whichever_member_is_primary() -> None:
+    s = Stack(Path("/nonexistent"), pg_nodes=2, pg_ports=[5555, 5556],
+              passwords={"kestrel_meter": "m"})
+    assert s.env()["KESTREL_METER_POSTGRES_DSN"] == (
+        "postgresql://kestrel_meter:m@127.0.0.1:5555,127.0.0.1:5556/kestrel"
+        "?target_session_attrs=read-write")
+    assert s.pg_node_names == ["etcd", "postgres", "postgres-2"]
+    assert Stack(Path("/nonexistent")).pg_node_names == ["postgres"]
+
+
+def test_a_stack_whose_postgres_ran_alone_is_not_turned_into_a_pair(tmp_path: Path) -> None:
+    from kestrel_tools.devstack import StackError, open_stack
+
+    Stack(tmp_path, pg_port=5555).save()
+    with pytest.raises(StackError, match="runs 1 node"):
+        open_stack(tmp_path, pg_nodes=2)
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert open_stack(fresh, pg_nodes=2).pg_nodes == 2
