@@ -6,9 +6,13 @@ as their own roles (kestrel.pgroles).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import asyncpg
 
@@ -16,6 +20,40 @@ from kestrel.bus import retry_forever
 from kestrel.config import Stores
 
 log = logging.getLogger("kestrel.db")
+
+
+T = TypeVar("T")
+
+# The primary went away under a statement: its connection died (class 08, or asyncpg's
+# own state after the server vanished mid-reply), the server is shutting down or
+# starting (class 57), the statement reached a member that is a standby now (25006), or
+# no host of a multi-host DSN is the primary yet (connect refused, none read-write).
+PRIMARY_GONE: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError, asyncpg.OperatorInterventionError,
+    asyncpg.ReadOnlySQLTransactionError, asyncpg.InternalClientError,
+    asyncpg.InterfaceError, ConnectionError, OSError)
+RETRY_WITHIN_S = 4.0  # a Patroni failover of a crashed primary: 2-3 s (docs/ha.md)
+
+
+async def retrying(what: str, fn: Callable[[], Awaitable[T]], *,
+                   within_s: float = RETRY_WITHIN_S) -> T:
+    """`fn()` (one transaction, or one statement), run again while the primary is gone
+    for at most `within_s`, then the last error (the caller's UNAVAILABLE). Only for
+    writes that are safe to repeat: a commit whose answer was lost may have happened, so
+    each caller's transaction is keyed (a job's id, a top-up's id) or fenced by a
+    version, and a repeat finds what the first did."""
+    deadline = time.monotonic() + within_s
+    delay = 0.05
+    while True:
+        try:
+            return await fn()
+        except PRIMARY_GONE as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.info("%s: the Postgres primary is away (%s: %s); trying again in %.2f s",
+                     what, type(exc).__name__, exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)
 
 
 _MIGRATION = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")

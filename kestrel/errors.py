@@ -139,6 +139,9 @@ def _retry_info(seconds: float) -> any_pb2.Any:
 TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.PostgresConnectionError,       # class 08: the connection is gone
     asyncpg.OperatorInterventionError,     # class 57: shutting down, starting up
+    # 25006: a write reached a member that is a standby now (a Postgres pair failed over
+    # under a pooled connection); the next connection finds the primary.
+    asyncpg.ReadOnlySQLTransactionError,
     # asyncpg's own state machine on a connection whose server died mid-reply: "cannot
     # switch to state 11; another operation (2) is in progress" (chaos: kill -9 of the
     # postmaster answered two reads INTERNAL).

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TypeVar
 
+from kestrel import db
 from kestrel.batching import Batcher
 from kestrel.clock import Clock, now_us
 from kestrel.errors import FailedPrecondition, NotFound, Unavailable
@@ -227,13 +229,17 @@ class Admission:
 
     async def _snapshot_batch(self, asks: list[SnapshotAsk], timeout_s: float
                               ) -> Sequence[Snapshot | Exception]:
-        return await _alone_on_failure(self.store.snapshots, asks)
+        return await _alone_on_failure(
+            lambda a: db.retrying("snapshots", lambda: self.store.snapshots(a)), asks)
 
     async def _insert_batch(self, groups: list[tuple[str, Sequence[NewJob], int]],
                             timeout_s: float) -> Sequence[Stored | Exception]:
         now = self.clock()
-        return await _alone_on_failure(lambda gs: self.store.insert_many(
-            [(t, jobs) for t, jobs, _ in gs], now, [v for _, _, v in gs]), groups)
+        # Repeated after a failover: a job's id is its key and the book's version fences
+        # the group, so a repeat of a commit whose answer was lost stores nothing twice.
+        return await _alone_on_failure(lambda gs: db.retrying("insert", lambda: (
+            self.store.insert_many([(t, jobs) for t, jobs, _ in gs], now,
+                                   [v for _, _, v in gs]))), groups)
 
     def book(self, tenant: str) -> Book:
         b = self.books.get(tenant)
@@ -506,7 +512,8 @@ class Admission:
         True when another replica wrote for the tenant first (decide again)."""
         for ask, d in releasable(list(b.held.values()), policy, budget, self.prices,
                                  self.max_node_gpus):
-            version, row = await self.store.admit_held(ask, d, self.clock(), b.version)
+            version, row = await db.retrying("admit held", functools.partial(
+                self.store.admit_held, ask, d, self.clock(), b.version))
             if version is None:
                 return True
             b.wrote(version)
