@@ -100,14 +100,14 @@ bench-jobs: setup ## The whole plane vs bare Kueue on the real cluster; the gate
 chaos: setup ## Every component faulted in turn under load (kill -9, restarts): nothing lost or doubled
 	$(PY) -m bench.chaos $(BENCH_ARGS)
 
-chaos-ha: setup ## Two replicas of every service, three NATS nodes: one of each killed in turn under load
+chaos-ha: setup ## Two replicas of every service, three NATS nodes, a Postgres pair: one of each killed in turn under load
 	$(PY) -m bench.chaos --ha $(BENCH_ARGS)
 
 sim-autoscale: setup ## Autoscaler scenarios replayed through its core (simulated): reports/sim-autoscale/
 	$(PY) -m bench.autoscale_sim --out reports/sim-autoscale $(SIM_ARGS)
 
-up: setup grpcurl ## Run the plane for people: devstack + meter, gateway, admission (+ placer); HA=1: NATS as a 3-node cluster
-	$(if $(HA),KESTREL_NATS_NODES=3 ,)$(PY) -m kestrel_tools.plane up
+up: setup grpcurl ## Run the plane for people: devstack + meter, gateway, admission (+ placer); HA=1: 3 NATS nodes, a Postgres pair
+	$(if $(HA),KESTREL_NATS_NODES=3 KESTREL_PG_NODES=2 ,)$(PY) -m kestrel_tools.plane up
 
 down: ## Stop what `make up` started
 	$(PY) -m kestrel_tools.plane down

@@ -41,7 +41,9 @@ JetStream nodes with every stream at three replicas, and two kube-apiservers; th
 faults are kill -9 of one replica of each service (the Lease holder where there is
 one), of the NATS node leading KESTREL_WORKLOADS and of one kube-apiserver, and the
 supervisor starts the killed one again meanwhile: recovery is what the survivors give.
-Postgres is one postmaster (pg_nodes=1): no failover pair yet.
+Postgres is a primary and a synchronous standby under Patroni (pg_nodes=2,
+kestrel_tools.pgpair): the postgres fault is kill -9 of the primary's postmaster,
+Patroni promotes the standby and brings the old primary back as its standby.
 Last line: ha: replicas=<n> nats_nodes=<n> pg_nodes=<n> faults=<n> survived=<n> lost=<n>
 dup=<n> max_recovery_s=<x>
 
@@ -97,12 +99,14 @@ FAULTS = ("gateway", "admission", "placer", "meter", "autoscaler", "nats", "post
           "redis", "kube-apiserver", "kueue")
 HOW = {"nats": "restart", "redis": "restart"}  # the rest: kill -9
 BASELINE = "none (baseline)"
-# --ha: one replica of each service, the NATS node leading the workload stream, one of
-# two kube-apiservers; each killed with -9 while the others carry on.
-HA_FAULTS = ("gateway", "admission", "placer", "meter", "autoscaler", "nats",
+# --ha: one replica of each service, the NATS node leading the workload stream, the
+# Postgres primary, one of two kube-apiservers; each killed with -9 while the others
+# carry on.
+HA_FAULTS = ("gateway", "admission", "placer", "meter", "autoscaler", "nats", "postgres",
              "kube-apiserver")
 LEASED = ("admission", "placer", "autoscaler")  # --ha kills the Lease holder of these
 HA_NATS_NODES = 3
+HA_PG_NODES = 2
 
 
 @dataclass
@@ -171,7 +175,7 @@ class Report:
 
     def table(self) -> Table:
         ha = (f"{self.replicas} replicas of each service, {self.nats_nodes} NATS nodes, "
-              if self.replicas > 1 else "")
+              f"{self.pg_nodes} Postgres nodes, " if self.replicas > 1 else "")
         t = Table(title=f"chaos ({ha}2 cores; GPU nodes simulated by KWOK, Kueue and the "
                         f"control plane real, {self.apiservers} kube-apiserver"
                         f"{'s' if self.apiservers > 1 else ''})")
@@ -205,7 +209,8 @@ class Chaos:
         self.ha = ha
         self.replicas = 2 if ha else 1
         self.stack = Stack(root / "devstack", durable=True,
-                           nats_nodes=HA_NATS_NODES if ha else 1)
+                           nats_nodes=HA_NATS_NODES if ha else 1,
+                           pg_nodes=HA_PG_NODES if ha else 1)
         self.procs: dict[str, ServiceProcess] = {}  # by replica: `meter`, `meter-2`, ...
         self.env: dict[str, str] = {}
         self.replica_env: dict[str, dict[str, str]] = {}  # a replica's own ports
@@ -434,6 +439,14 @@ class Chaos:
             raise RuntimeError(f"KESTREL_WORKLOADS is led by {leader!r}, not a node of ours")
         return str(leader)
 
+    def _pair_whole(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.stack.pg_pair_whole():
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"the Postgres pair not whole again within {timeout_s:.0f} s")
+
     async def inject_ha(self, fault: str, t0: float) -> str:
         """Kill one replica (the Lease holder, the stream's leader node, one of two
         apiservers) and start it again in the background, as a supervisor would; the
@@ -455,6 +468,16 @@ class Chaos:
 
             async def restart() -> None:
                 await self._repair_stack()
+        elif fault == "postgres":
+            primary = self.stack.pg_primary()
+            pid = self.stack.pg_postmaster_pid(primary) if primary is not None else None
+            if primary is None or pid is None:
+                raise RuntimeError("the Postgres pair has no primary to kill")
+            victim = f"postgres primary (member {primary + 1})"
+            await self._kill(pid, signal.SIGKILL)
+
+            async def restart() -> None:  # Patroni's: the old primary rejoins as standby
+                await asyncio.to_thread(self._pair_whole, 120)
         elif fault == "kube-apiserver":
             victim = "kube-apiserver"
             pid = next(p.pid for p in cluster.process_health() if p.component == fault)
@@ -645,7 +668,8 @@ class Chaos:
         await self.verify()
         for c in self.clients.values():
             await c.close()
-        return Report(self.phases, self.apiservers, self.replicas, self.stack.nats_nodes)
+        return Report(self.phases, self.apiservers, self.replicas, self.stack.nats_nodes,
+                      self.stack.pg_nodes)
 
     async def resolve_pending(self) -> None:
         """Submits that never got an answer are retried (same key) until they do."""
@@ -813,8 +837,9 @@ async def run(root: Path, faults: list[str], *, tenants: int = 3, rate: float = 
         if apiservers == 2:
             await asyncio.to_thread(cluster.start_apiserver_replica, progress)
         await asyncio.to_thread(chaos.up)
-        progress(f"  plane up: {', '.join(SERVICES)}"
-                 f"{f' x{chaos.replicas}, NATS x{chaos.stack.nats_nodes}' if ha else ''}; "
+        nodes = (f" x{chaos.replicas}, NATS x{chaos.stack.nats_nodes}, "
+                 f"Postgres x{chaos.stack.pg_nodes}") if ha else ""
+        progress(f"  plane up: {', '.join(SERVICES)}{nodes}; "
                  f"{tenants} tenants at {rate:g} job/s each, reads every 0.5 s, "
                  f"deadline {DEADLINE_S:g} s")
         report = await chaos.run(faults, settle_s, recovery_timeout_s)

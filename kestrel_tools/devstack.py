@@ -278,6 +278,13 @@ class Stack:
         return next((i for i, port in enumerate(self.pg_rest_ports)
                      if pgpair.rest(port, "/primary")[0] == 200), None)
 
+    def pg_pair_whole(self) -> bool:
+        """A primary and, on another member, its synchronous standby streaming."""
+        primary = self.pg_primary()
+        return primary is not None and any(
+            pgpair.rest(port, "/sync")[0] == 200
+            for i, port in enumerate(self.pg_rest_ports) if i != primary)
+
     def pg_postmaster_pid(self, i: int) -> int | None:
         """The postmaster of member i, as its data directory records it."""
         return pgpair.postmaster_pid(self.pg_member_home(i) / "data")
@@ -515,14 +522,7 @@ class Stack:
             self._spawn(name, [*as_pg, str(patroni), str(conf)], cwd=str(home))
         self.save()
 
-        def paired() -> bool:
-            roles = [pgpair.rest(p, "/health")[1].get("role") for p in self.pg_rest_ports]
-            return (self.pg_primary() is not None and
-                    all(pgpair.rest(p, "/health")[0] == 200 for p in self.pg_rest_ports)
-                    and any(pgpair.rest(p, "/sync")[0] == 200 for p in self.pg_rest_ports)
-                    and "replica" in roles)
-
-        _wait("the Postgres pair (a primary and its synchronous standby)", paired,
+        _wait("the Postgres pair (a primary and its synchronous standby)", self.pg_pair_whole,
               max(timeout_s, 120), None, self.root / "postgres.log")
 
     def _pg_standbys_replay(self, timeout_s: float = 60.0) -> None:

@@ -40,11 +40,12 @@ async def test_the_plane_survives_a_crashed_meter_nats_restarted_and_postgres_an
     assert all(p.calls for p in report.phases)
 
 
-async def test_with_two_replicas_a_replica_of_each_and_a_nats_node_die_and_nothing_is_lost(
+async def test_of_two_replicas_one_each_a_nats_node_and_the_pg_primary_die_and_nothing_is_lost(
         cluster_up: kc.ClusterInfo) -> None:
-    """`make chaos-ha` in short: two replicas of every service, NATS as three nodes; one
-    replica of each service (the Lease holder where one leads) and the node leading the
-    workload stream killed with -9 in turn, while the survivors carry the load."""
+    """`make chaos-ha` in short: two replicas of every service, NATS as three nodes and a
+    Postgres pair; one replica of each service (the Lease holder where one leads), the
+    node leading the workload stream and the Postgres primary killed with -9 in turn,
+    while the survivors carry the load."""
     root = Path(tempfile.mkdtemp(prefix="kestrel-chaos-ha-", dir="/tmp"))
     os.chmod(root, 0o755)  # Postgres runs as its own user
     report = await chaos.run(root, list(chaos.HA_FAULTS[:-1]), tenants=2, rate=1.0,
@@ -54,7 +55,7 @@ async def test_with_two_replicas_a_replica_of_each_and_a_nats_node_die_and_nothi
         print(f"{p.fault} ({p.how}): recovery {p.recovery_s} s, {p.calls} calls "
               f"({p.errors} errors), {p.jobs} jobs, restarts {p.restarts}, notes {p.notes[:3]}")
     print(report.line())
-    assert report.line().startswith("ha: replicas=2 nats_nodes=3 ")
+    assert report.line().startswith("ha: replicas=2 nats_nodes=3 pg_nodes=2 faults=7 ")
     for p in report.phases:
         assert p.recovery_s is not None, f"{p.fault}: the plane never recovered ({p.notes})"
         assert not p.unclear, f"{p.fault}: calls ended without a clear status: {p.unclear}"

@@ -23,7 +23,6 @@ import pytest
 
 from kestrel.clock import now_us
 from kestrel_sdk.v1 import meter_pb2, meter_pb2_grpc
-from kestrel_tools import pgpair
 from kestrel_tools.devstack import SUPERUSER, Stack, free_port
 from kestrel_tools.procs import ServiceProcess
 from services.meter import audit
@@ -54,10 +53,6 @@ async def _connect(dsn: str) -> asyncpg.Connection | None:
         return None
 
 
-def _synchronous_standby(pair: Stack) -> bool:
-    return any(pgpair.rest(p, "/sync")[0] == 200 for p in pair.pg_rest_ports)
-
-
 async def test_kill_9_of_the_primary_mid_stream_fails_over_and_the_ledger_is_exact(
         pair: Stack, stack: Stack, clean_bus: str, tmp_path: Path) -> None:
     env = {**pair.service_dsns(), **stack.service_nats_urls(), "KESTREL_NATS_URL": clean_bus,
@@ -84,7 +79,7 @@ async def test_kill_9_of_the_primary_mid_stream_fails_over_and_the_ledger_is_exa
             events.append(wev(f"{wid}-f", TENANTS[i % len(TENANTS)], wid, 3, start + length,
                               gpus=gpus))
         first = pair.pg_primary()
-        assert first is not None and _synchronous_standby(pair)
+        assert first is not None and pair.pg_pair_whole()
         streaming = asyncio.create_task(publish_events(clean_bus, events, concurrency=16))
         await eventually(lambda: db.fetchval("SELECT count(*) FROM workload_events"),
                          lambda n: n >= len(events) // 4, timeout_s=60)
@@ -108,7 +103,7 @@ async def test_kill_9_of_the_primary_mid_stream_fails_over_and_the_ledger_is_exa
         assert (await audit.audit(db)).intact
         assert meter.proc is not None and meter.proc.poll() is None, "the meter rode it out"
         # The old primary rejoins as the synchronous standby: the pair is whole again.
-        assert await eventually(lambda: asyncio.sleep(0, _synchronous_standby(pair)),
+        assert await eventually(lambda: asyncio.sleep(0, pair.pg_pair_whole()),
                                 bool, timeout_s=90)
     finally:
         meter.stop()
