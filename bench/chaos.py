@@ -439,14 +439,6 @@ class Chaos:
             raise RuntimeError(f"KESTREL_WORKLOADS is led by {leader!r}, not a node of ours")
         return str(leader)
 
-    def _pair_whole(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.stack.pg_pair_whole():
-                return
-            time.sleep(0.5)
-        raise RuntimeError(f"the Postgres pair not whole again within {timeout_s:.0f} s")
-
     async def inject_ha(self, fault: str, t0: float) -> str:
         """Kill one replica (the Lease holder, the stream's leader node, one of two
         apiservers) and start it again in the background, as a supervisor would; the
@@ -477,7 +469,7 @@ class Chaos:
             await self._kill(pid, signal.SIGKILL)
 
             async def restart() -> None:  # Patroni's: the old primary rejoins as standby
-                await asyncio.to_thread(self._pair_whole, 120)
+                await asyncio.to_thread(self.stack.wait_pg_pair_whole, 120)
         elif fault == "kube-apiserver":
             victim = "kube-apiserver"
             pid = next(p.pid for p in cluster.process_health() if p.component == fault)

@@ -18,20 +18,13 @@ import asyncpg
 
 from kestrel.bus import retry_forever
 from kestrel.config import Stores
+from kestrel.errors import PRIMARY_GONE
 
 log = logging.getLogger("kestrel.db")
 
 
 T = TypeVar("T")
 
-# The primary went away under a statement: its connection died (class 08, or asyncpg's
-# own state after the server vanished mid-reply), the server is shutting down or
-# starting (class 57), the statement reached a member that is a standby now (25006), or
-# no host of a multi-host DSN is the primary yet (connect refused, none read-write).
-PRIMARY_GONE: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresConnectionError, asyncpg.OperatorInterventionError,
-    asyncpg.ReadOnlySQLTransactionError, asyncpg.InternalClientError,
-    asyncpg.InterfaceError, ConnectionError, OSError)
 RETRY_WITHIN_S = 4.0  # a Patroni failover of a crashed primary: 2-3 s (docs/ha.md)
 
 

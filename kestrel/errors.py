@@ -136,7 +136,10 @@ def _retry_info(seconds: float) -> any_pb2.Any:
 # NATS reconnecting, a connect refused or timed out. The call did nothing it could
 # not repeat (each write is one transaction; publishes are de-duplicated by id), so the
 # client is told to retry rather than given INTERNAL for a fault that is not its own.
-TRANSIENT: tuple[type[BaseException], ...] = (
+#
+# PRIMARY_GONE is the Postgres part, which kestrel.db.retrying also runs a statement
+# again on: the primary went away under it.
+PRIMARY_GONE: tuple[type[Exception], ...] = (
     asyncpg.PostgresConnectionError,       # class 08: the connection is gone
     asyncpg.OperatorInterventionError,     # class 57: shutting down, starting up
     # 25006: a write reached a member that is a standby now (a Postgres pair failed over
@@ -144,13 +147,16 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.ReadOnlySQLTransactionError,
     # asyncpg's own state machine on a connection whose server died mid-reply: "cannot
     # switch to state 11; another operation (2) is in progress" (chaos: kill -9 of the
-    # postmaster answered two reads INTERNAL).
+    # postmaster answered two reads INTERNAL); also no host of a multi-host DSN
+    # read-write yet (TargetServerAttributeNotMatched).
     asyncpg.InternalClientError,
+    ConnectionError, TimeoutError)
+TRANSIENT: tuple[type[BaseException], ...] = (
+    *PRIMARY_GONE,
     nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError,
     nats.errors.StaleConnectionError, nats.errors.NoServersError,
     nats.errors.OutboundBufferLimitError, nats.errors.NoRespondersError,
-    nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError,
-    ConnectionError, TimeoutError)
+    nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
 
 
 def transient(exc: BaseException) -> bool:

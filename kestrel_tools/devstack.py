@@ -285,6 +285,11 @@ class Stack:
             pgpair.rest(port, "/sync")[0] == 200
             for i, port in enumerate(self.pg_rest_ports) if i != primary)
 
+    def wait_pg_pair_whole(self, timeout_s: float = 120.0) -> None:
+        """Until `pg_pair_whole` (after a failover: the old primary back as the standby)."""
+        _wait("the Postgres pair (a primary and its synchronous standby)",
+              self.pg_pair_whole, timeout_s, None, self.root / "postgres.log")
+
     def pg_postmaster_pid(self, i: int) -> int | None:
         """The postmaster of member i, as its data directory records it."""
         return pgpair.postmaster_pid(self.pg_member_home(i) / "data")
@@ -522,8 +527,7 @@ class Stack:
             self._spawn(name, [*as_pg, str(patroni), str(conf)], cwd=str(home))
         self.save()
 
-        _wait("the Postgres pair (a primary and its synchronous standby)", self.pg_pair_whole,
-              max(timeout_s, 120), None, self.root / "postgres.log")
+        self.wait_pg_pair_whole(max(timeout_s, 120))
 
     def _pg_standbys_replay(self, timeout_s: float = 60.0) -> None:
         """Wait until every standby has replayed what the primary wrote so far: a

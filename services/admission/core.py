@@ -30,7 +30,7 @@ from typing import TypeVar
 from kestrel import db
 from kestrel.batching import Batcher
 from kestrel.clock import Clock, now_us
-from kestrel.errors import FailedPrecondition, NotFound, Unavailable
+from kestrel.errors import PRIMARY_GONE, FailedPrecondition, NotFound, Unavailable
 from kestrel.jobs import JobRow
 from kestrel.workloads import EventType
 from kestrel_sdk.money import ZERO
@@ -136,9 +136,15 @@ async def _alone_on_failure(many: Callable[[list[A]], Awaitable[list[B]]], items
                             ) -> Sequence[B | Exception]:
     """`many(items)`; when that one statement fails, each item again alone, so that one
     tenant's failure (its data, its rows) is its own result and not its neighbours'.
-    The statement is one transaction: a failed one wrote nothing."""
+    The statement is one transaction: a failed one wrote nothing. A primary gone for
+    longer than `db.retrying` waits fails them all at once: alone, each would wait again.
+    """
     try:
         return await many(items)
+    except PRIMARY_GONE as exc:
+        if len(items) == 1:
+            raise
+        return [exc] * len(items)
     except Exception:
         if len(items) == 1:
             raise
