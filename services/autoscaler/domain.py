@@ -47,6 +47,7 @@ from types import MappingProxyType
 from kestrel.endpoints import Priority
 
 __all__ = [
+    "MIX_REASONS",
     "Decision",
     "Observation",
     "Reason",
@@ -72,6 +73,15 @@ class Reason(enum.StrEnum):
     RUNWAY_SHORT = "runway_short"
     RUNWAY_EXHAUSTED = "runway_exhausted"
     SCALE_FROM_ZERO = "scale_from_zero"
+    # The cost-aware decision's own (services.autoscaler.mix).
+    CHEAPER_FLAVOR = "cheaper_flavor"
+    SLO_NEEDS_FASTER_FLAVOR = "slo_needs_faster_flavor"
+    WARM_POOL_SIZED = "warm_pool_sized"
+
+
+# Reasons only the cost-aware decision gives (services.autoscaler.mix).
+MIX_REASONS = frozenset({Reason.CHEAPER_FLAVOR, Reason.SLO_NEEDS_FASTER_FLAVOR,
+                         Reason.WARM_POOL_SIZED})
 
 
 @dataclass(frozen=True)
@@ -230,26 +240,39 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def _observe(inputs: ScaleInputs, now: float) -> Observation:
-    p = inputs.policy
-    rate = inputs.arrival_rps / p.replica_rps
-    demand = max((inputs.queued + inputs.in_flight) / p.target_queue_depth, rate)
-    urgent = max((inputs.queued_urgent + inputs.in_flight) / p.target_queue_depth, rate)
+def _observe(policy: ScalePolicy, queued: int, queued_urgent: int, in_flight: int,
+             arrival_rps: float, now: float) -> Observation:
+    rate = arrival_rps / policy.replica_rps
+    demand = max((queued + in_flight) / policy.target_queue_depth, rate)
+    urgent = max((queued_urgent + in_flight) / policy.target_queue_depth, rate)
     return Observation(now, demand, urgent)
 
 
-def decide(inputs: ScaleInputs, state: ScaleState, now: float) -> tuple[Decision, ScaleState]:
-    """The target replica count, its one reason, and the state for the next decision."""
-    p = inputs.policy
+@dataclass(frozen=True)
+class Load:
+    """What the windows say at one instant, in replica units of `policy.replica_rps`."""
+
+    stable: float
+    panic_avg: float
+    panic: bool
+    # Replicas load asks for: the stable window, or the panic window while panicking.
+    target: int
+    state: ScaleState
+
+
+def load_of(policy: ScalePolicy, state: ScaleState, now: float, *, queued: int,
+            queued_urgent: int, in_flight: int, arrival_rps: float,
+            ready_units: float) -> Load:
+    """The windows and panic mode (Knative's rules, state made explicit); `ready_units`
+    is the ready capacity in replicas of `policy.replica_rps`."""
+    p = policy
     if state.observations and now < state.observations[-1].at:
         raise ValueError(f"clock went backwards: {now} < {state.observations[-1].at}")
-
-    # Load: the windows, then panic mode (Knative's rules, state made explicit).
-    obs = _observe(inputs, now)
+    obs = _observe(p, queued, queued_urgent, in_flight, arrival_rps, now)
     kept = (*(o for o in state.observations if o.at > now - p.stable_window_s), obs)
     stable = _mean([o.demand for o in kept])
     panic_avg = _mean([o.urgent for o in kept if o.at > now - p.panic_window_s])
-    over = panic_avg / max(1, inputs.ready) >= p.panic_threshold
+    over = panic_avg / max(1.0, ready_units) >= p.panic_threshold
     panic_since: float | None
     if over:
         panic_since = now
@@ -258,18 +281,28 @@ def decide(inputs: ScaleInputs, state: ScaleState, now: float) -> tuple[Decision
     else:
         panic_since = None
     panic = panic_since is not None
-    load_target = _ceil(stable)
+    target = _ceil(stable)
     if panic:
-        load_target = max(load_target, _ceil(panic_avg),
-                          state.panic_target if state.panic_since is not None else 0)
-    panic_target = load_target if panic else 0
+        target = max(target, _ceil(panic_avg),
+                     state.panic_target if state.panic_since is not None else 0)
+    return Load(stable, panic_avg, panic, target,
+                ScaleState(kept, panic_since, target if panic else 0))
+
+
+def decide(inputs: ScaleInputs, state: ScaleState, now: float) -> tuple[Decision, ScaleState]:
+    """The target replica count, its one reason, and the state for the next decision."""
+    p = inputs.policy
+    load = load_of(p, state, now, queued=inputs.queued, queued_urgent=inputs.queued_urgent,
+                   in_flight=inputs.in_flight, arrival_rps=inputs.arrival_rps,
+                   ready_units=float(inputs.ready))
+    stable, panic_avg, panic, new_state = load.stable, load.panic_avg, load.panic, load.state
+    load_target = load.target
     if (inputs.p95_ms is not None and inputs.p95_ms > p.target_p95_ms
             and inputs.queued > 0 and inputs.ready > 0):
         load_target = max(load_target, inputs.ready + 1)
     waiting_at_zero = inputs.current == 0 and inputs.queued + inputs.in_flight > 0
     if waiting_at_zero:
         load_target = max(load_target, 1)
-    new_state = ScaleState(kept, panic_since, panic_target)
 
     affordable = affordable_replicas(inputs.remaining, inputs.price_per_replica_s,
                                      p.horizon_s, max(p.max_replicas, inputs.current))
