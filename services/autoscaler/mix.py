@@ -6,7 +6,9 @@ frozen data in and out, the clock a number the caller passes.
 An endpoint may run on several flavors (say cpu, gpu-a10, gpu-h100), each with a price
 per replica-second, a service rate (requests a second one replica takes at its target
 utilisation) and a p95 of its own. Load comes from the same windows and panic mode as
-`domain.decide` (`domain.load_of`), turned into requests per second. Then, in order:
+`domain.decide` (`domain.load_of`), turned into requests per second: up on the panic
+window, down on the stable one, a backlog drained in target_queue_depth / replica_rps
+seconds. Then, in order:
 
 1. SLO: only flavors whose own p95 is within the endpoint's target may serve; if none
    is, the fastest does.
@@ -94,7 +96,8 @@ class Flavor:
 @dataclass(frozen=True)
 class MixPolicy:
     # Windows, cooldowns, min/max replicas (over all flavors), target p95, horizon.
-    # Its replica_rps is the unit the windows count load in (requests a second).
+    # Its replica_rps is the unit the windows count load in (requests a second), and
+    # target_queue_depth / replica_rps the seconds a backlog should take to drain.
     scale: ScalePolicy
     flavors: tuple[Flavor, ...]
     # The endpoint's stated value of one second of missed SLO; None: the warm pool
@@ -301,14 +304,19 @@ def decide_mix(inputs: MixInputs, state: MixState, now: float
     busy = inputs.queued + inputs.in_flight > 0 or inputs.arrival_rps > 0
     new_state = MixState(load.state, now if busy else state.busy_at)
 
-    # Demand in requests a second: the windows, a p95 over target while requests queue
-    # (one more of the smallest replica), a request waiting at zero replicas.
-    units = max(load.stable, load.panic_avg, load.state.panic_target) if load.panic \
-        else load.stable
+    # Demand in requests a second: up on the short window, down on the long one (a mix
+    # planned near its target utilisation must not lag a rising load); in a panic, the
+    # panic's own target too. A p95 over target on flavors that meet it alone (so the
+    # cause is queueing), or while requests queue, asks for one more of the smallest
+    # replica; a request waiting at zero replicas asks for one.
+    units = max(load.stable, load.panic_avg)
+    if load.panic:
+        units = max(units, load.state.panic_target)
     demand = units * p.replica_rps
     smallest = min(f.replica_rps for f in flavors)
-    if (inputs.p95_ms is not None and inputs.p95_ms > p.target_p95_ms
-            and inputs.queued > 0 and ready_rps > 0):
+    fast_enough = all(mp.flavor(n).p95_ms <= p.target_p95_ms for n in ready)
+    if (inputs.p95_ms is not None and inputs.p95_ms > p.target_p95_ms and ready_rps > 0
+            and (inputs.queued > 0 or fast_enough)):
         demand = max(demand, ready_rps + smallest)
     waiting_at_zero = _total(current) == 0 and inputs.queued + inputs.in_flight > 0
     if waiting_at_zero:
