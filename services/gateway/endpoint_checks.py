@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from kestrel.endpoints import ENDPOINT_ID_RE, MAX_TEXTS, MODEL_NAME, Priority
 from kestrel.errors import Violations
 from kestrel.workloads import CPU_FLAVOR
+from kestrel_sdk.money import parse_amount
 from kestrel_sdk.v1 import common_pb2, gateway_pb2
 from services.gateway.validation import name_problem
 
@@ -28,6 +29,20 @@ def check_endpoint_spec(v: Violations, spec: common_pb2.EndpointSpec,
         v.add("spec.model", f"must be {MODEL_NAME!r} (the one model workers serve) or empty")
     if spec.flavor not in ("", CPU_FLAVOR, *flavors):
         v.add("spec.flavor", f"must be empty, {CPU_FLAVOR!r} or a known GPU flavor")
+    known = (CPU_FLAVOR, *flavors)
+    for i, f in enumerate(spec.flavors):
+        if f not in known:
+            v.add(f"spec.flavors[{i}]", f"unknown flavor {f[:64]!r}; known: "
+                                        f"{', '.join(sorted(known))}")
+        elif f in spec.flavors[:i]:
+            v.add(f"spec.flavors[{i}]", f"{f} is named twice")
+    if len(spec.flavors) > len(known):
+        v.add("spec.flavors", f"at most {len(known)} flavors")
+    if spec.missed_slo_value_per_s:
+        try:
+            parse_amount(spec.missed_slo_value_per_s, positive=False)
+        except ValueError as exc:
+            v.add("spec.missed_slo_value_per_s", str(exc))
     if not 0 <= spec.gpus_per_replica <= max_node_gpus:
         v.add("spec.gpus_per_replica", f"must be between 0 and {max_node_gpus}")
     for name in ("min_replicas", "max_replicas", "warm_pool"):
@@ -41,11 +56,35 @@ def check_endpoint_spec(v: Violations, spec: common_pb2.EndpointSpec,
             v.add(f"spec.{name}", f"must be between 0 and {limit}")
 
 
+def flavors_of(spec: common_pb2.EndpointSpec) -> tuple[str, ...]:
+    """Every flavor its replicas may run on, its own first."""
+    return (spec.flavor or CPU_FLAVOR, *(f for f in spec.flavors if f != spec.flavor))
+
+
+def check_flavor_replicas(v: Violations, spec: common_pb2.EndpointSpec, replicas: int,
+                          by_flavor: Mapping[str, int]) -> None:
+    """A ScaleEndpoint's per-flavor counts: flavors the endpoint may run on, each
+    0..max_replicas, `replicas` 0 or their sum."""
+    allowed = flavors_of(spec)
+    for f, n in sorted(by_flavor.items()):
+        if f not in allowed:
+            v.add(f"flavor_replicas[{f[:64]!r}]",
+                  f"the endpoint may run on {', '.join(allowed)} only")
+        elif not 0 <= n <= spec.max_replicas:
+            v.add(f"flavor_replicas[{f}]",
+                  f"must be 0..{spec.max_replicas} (the endpoint's max)")
+    if replicas and replicas != sum(by_flavor.values()):
+        v.add("replicas", "must be 0 or the sum of flavor_replicas")
+
+
 def normalised_spec(spec: common_pb2.EndpointSpec) -> common_pb2.EndpointSpec:
     out = common_pb2.EndpointSpec()
     out.CopyFrom(spec)
     out.model = spec.model or MODEL_NAME
     out.flavor = spec.flavor or CPU_FLAVOR
+    # The other flavors, each once, the endpoint's own left out.
+    del out.flavors[:]
+    out.flavors.extend(dict.fromkeys(f for f in spec.flavors if f != out.flavor))
     out.max_replicas = spec.max_replicas or max(1, spec.min_replicas)
     return out
 

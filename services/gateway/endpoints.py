@@ -27,7 +27,12 @@ from kestrel.workloads import simulated_flavor
 from kestrel_sdk import budget
 from kestrel_sdk.v1 import common_pb2, meter_pb2, meter_pb2_grpc
 from services.gateway.callers import CACHE_S
-from services.gateway.endpoint_checks import check_endpoint_id, normalised_spec
+from services.gateway.endpoint_checks import (
+    check_endpoint_id,
+    check_flavor_replicas,
+    flavors_of,
+    normalised_spec,
+)
 from services.gateway.endpoint_store import EndpointRow, EndpointStore
 from services.gateway.infer import InferBackend
 from services.gateway.replicas import Replicas, horizon_of
@@ -121,11 +126,16 @@ class Endpoints:
                       "worker's first heartbeat (Kueue admission, then the model load)")
         # Placed replicas are the count; without a placer, those heartbeating.
         replicas = placed if self.placed else max(placed, ready)
+        by, ready_by = (await self.flavor_counts(row, live, fresh) if self.placed
+                        else ({row.spec.flavor: replicas} if replicas else {},
+                              {row.spec.flavor: ready} if ready else {}))
         return common_pb2.Endpoint(endpoint_id=row.endpoint_id, tenant=row.tenant,
                                    spec=row.spec, replicas=replicas,
                                    ready_replicas=ready, reason=reason,
                                    created_us=row.created_us,
-                                   simulated=self.placed and simulated_flavor(row.spec.flavor))
+                                   simulated=self.placed and any(
+                                       simulated_flavor(f) for f in by or [row.spec.flavor]),
+                                   flavor_replicas=by, flavor_ready=ready_by)
 
     async def live_replicas(self, row: EndpointRow) -> tuple[str, ...]:
         """Its replicas that have not ended (one evicted at zero budget has)."""
@@ -190,16 +200,20 @@ class Endpoints:
         raise NotFound(f"endpoint {row.endpoint_id} was deleted")
 
     async def scale(self, tenant: str, endpoint_id: str, replicas: int,
-                    reason: str) -> Scaled:
-        """Start or stop replicas until `replicas` run (the newest stop first); one
-        scaling of an endpoint at a time."""
+                    reason: str, by_flavor: Mapping[str, int] | None = None) -> Scaled:
+        """Start or stop replicas until `replicas` run (the newest stop first), or, with
+        `by_flavor`, that many of each flavor (a flavor left out keeps none; stops come
+        first, so the money they hold pays for the starts); one scaling of an endpoint
+        at a time."""
         row = await self.store.get(tenant, endpoint_id)
         if row is None or row.deleted_us:
             raise NotFound(f"endpoint {endpoint_id} of {tenant!r} not found")
-        if not 0 <= replicas <= row.spec.max_replicas:
-            v = Violations()
+        v = Violations()
+        if by_flavor:
+            check_flavor_replicas(v, row.spec, replicas, by_flavor)
+        elif not 0 <= replicas <= row.spec.max_replicas:
             v.add("replicas", f"must be 0..{row.spec.max_replicas} (the endpoint's max)")
-            v.raise_if_any()
+        v.raise_if_any()
         if not self.placed:
             raise FailedPrecondition("this gateway has no cluster: replicas are host "
                                      "processes, started by hand")
@@ -211,7 +225,10 @@ class Endpoints:
             started: tuple[str, ...] = ()
             stopped: tuple[str, ...] = ()
             refusal = ""
-            if replicas > len(live):
+            if by_flavor:
+                started, stopped, refusal = await self._scale_flavors(row, live, by_flavor,
+                                                                      reason)
+            elif replicas > len(live):
                 added = await self.replicas.add(row.tenant, row.endpoint_id, row.spec,
                                                 len(live), replicas - len(live), now_us())
                 started, refusal = added.job_ids, added.refusal
@@ -230,6 +247,48 @@ class Endpoints:
                      ", ".join(started) or "none", ", ".join(stopped) or "none",
                      f"; refused: {refusal}" if refusal else "")
         return Scaled(replace(row, replicas=keep), started, stopped, refusal)
+
+    async def _scale_flavors(self, row: EndpointRow, live: tuple[str, ...],
+                             want: Mapping[str, int], reason: str
+                             ) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+        """(started, stopped, refusal) for per-flavor counts, under the endpoint's lock."""
+        of = await self.jobs.flavors_asked(live)
+        own = row.spec.flavor
+        groups: dict[str, list[str]] = {}
+        for j in live:
+            groups.setdefault(of.get(j) or own, []).append(j)
+        stopped = tuple(j for f, js in groups.items() for j in js[want.get(f, 0):])
+        if stopped:
+            await self.replicas.stop(row.tenant, stopped, f"scaled down: {reason or 'operator'}")
+        started: list[str] = []
+        refusal = ""
+        for f in flavors_of(row.spec):
+            more = want.get(f, 0) - len(groups.get(f, ()))
+            if more <= 0:
+                continue
+            spec = common_pb2.EndpointSpec()
+            spec.CopyFrom(row.spec)
+            spec.flavor = f
+            added = await self.replicas.add(row.tenant, row.endpoint_id, spec,
+                                            len(live) + len(started), more, now_us())
+            started += added.job_ids
+            if added.refusal:
+                refusal = f"{f}: {added.refusal}"
+                break
+        return tuple(started), stopped, refusal
+
+    async def flavor_counts(self, row: EndpointRow, live: tuple[str, ...],
+                            ready: set[str]) -> tuple[dict[str, int], dict[str, int]]:
+        """Replicas and ready replicas per flavor."""
+        of = await self.jobs.flavors_asked(live) if len(flavors_of(row.spec)) > 1 else {}
+        counts: dict[str, int] = {}
+        ready_by: dict[str, int] = {}
+        for j in live:
+            f = of.get(j) or row.spec.flavor
+            counts[f] = counts.get(f, 0) + 1
+            if j in ready:
+                ready_by[f] = ready_by.get(f, 0) + 1
+        return counts, ready_by
 
     async def delete(self, tenant: str, endpoint_id: str) -> bool:
         """Delete it and stop its replicas; False when it was deleted already. The

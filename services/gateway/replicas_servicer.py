@@ -42,7 +42,7 @@ class ReplicasServicer(replicas_pb2_grpc.ReplicasServicer):
             v.add("tenant", "is required")
         v.raise_if_any()
         out = await self.endpoints.scale(request.tenant, request.endpoint_id, request.replicas,
-                                         request.reason)
+                                         request.reason, dict(request.flavor_replicas))
         return replicas_pb2.ScaleEndpointResponse(
             endpoint=await self.endpoints.wire(out.row), started=out.started,
             stopped=out.stopped, refusal=out.refusal)

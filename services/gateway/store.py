@@ -12,6 +12,7 @@ import asyncpg
 
 from kestrel.db import migrate
 from kestrel.jobs import JOB_COLS, TERMINAL, JobRow, job_row
+from kestrel_sdk.v1 import common_pb2
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -119,6 +120,14 @@ class GatewayStore:
             "SELECT job_id FROM job_status WHERE job_id = ANY($1::text[]) "
             "AND state = ANY($2::smallint[])", list(job_ids), sorted(int(s) for s in TERMINAL))
         return {r["job_id"] for r in rows}
+
+    async def flavors_asked(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """The flavor each of `job_ids` asked for (an endpoint's replicas per flavor)."""
+        rows = await self.pool.fetch(
+            "SELECT job_id, spec FROM job_status WHERE job_id = ANY($1::text[])",
+            list(job_ids))
+        return {r["job_id"]: common_pb2.JobSpec.FromString(bytes(r["spec"])).flavor
+                for r in rows}
 
     async def jobs(self, tenant: str, states: Sequence[int], after_seq: int,
                    limit: int) -> list[JobRow]:

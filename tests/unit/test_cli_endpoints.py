@@ -60,7 +60,16 @@ def test_create_list_delete_pass_through(fake: FakeClient) -> None:
     assert r.exit_code == 0, r.output
     assert "ep-0123456789abcdef" in r.output
     assert fake.calls[0] == ("create_endpoint", ("embed",),
-                             {"min_replicas": 0, "max_replicas": 2, "flavor": "cpu"})
+                             {"min_replicas": 0, "max_replicas": 2, "flavor": "cpu",
+                              "flavors": (), "target_p95_ms": 0,
+                              "missed_slo_value_per_s": ""})
+    r = runner.invoke(app, ["endpoints", "create", "mixed", "--flavor", "cpu",
+                            "--also-flavor", "gpu-a10", "--target-p95-ms", "200",
+                            "--missed-slo-value", "0.01"])
+    assert r.exit_code == 0, r.output
+    assert fake.calls[1][2] == {"min_replicas": 0, "max_replicas": 1, "flavor": "cpu",
+                                "flavors": ["gpu-a10"], "target_p95_ms": 200,
+                                "missed_slo_value_per_s": "0.01"}
     r = runner.invoke(app, ["endpoints", "list", "-o", "json"])
     assert json.loads(r.output)[0]["endpoint_id"] == EP.endpoint_id
     r = runner.invoke(app, ["endpoints", "delete", EP.endpoint_id])

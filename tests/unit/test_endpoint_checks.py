@@ -9,7 +9,13 @@ import pytest
 from kestrel.endpoints import Priority
 from kestrel.errors import InvalidArgument, Violations
 from kestrel_sdk.v1 import common_pb2, gateway_pb2, worker_pb2
-from services.gateway.endpoint_checks import check_endpoint_spec, check_infer, normalised_spec
+from services.gateway.endpoint_checks import (
+    check_endpoint_spec,
+    check_flavor_replicas,
+    check_infer,
+    flavors_of,
+    normalised_spec,
+)
 from services.gateway.infer import ReplyHub
 
 EP = "ep-0123456789abcdef"
@@ -83,3 +89,48 @@ async def test_a_reply_resolves_its_call_once_and_late_or_duplicate_ones_are_dro
     assert (await asyncio.wait_for(fut, 1)).replica == "a"
     assert (hub.stats.replies, hub.stats.unclaimed) == (3, 2)
     await hub.redis.aclose()
+
+
+@pytest.mark.parametrize(("name", "spec_kw", "fields"), [
+    ("an unknown flavor among the others", {"flavors": ["gpu-t4"]}, ["spec.flavors[0]"]),
+    ("a flavor named twice", {"flavors": ["gpu-a10", "gpu-a10"]}, ["spec.flavors[1]"]),
+    ("a value that is not a decimal", {"missed_slo_value_per_s": "1e3"},
+     ["spec.missed_slo_value_per_s"]),
+    ("a negative value", {"missed_slo_value_per_s": "-1"}, ["spec.missed_slo_value_per_s"]),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_the_flavors_an_endpoint_may_run_on_are_checked(
+        name: str, spec_kw: dict[str, object], fields: list[str]) -> None:
+    v = Violations()
+    spec = common_pb2.EndpointSpec(name="embed", max_replicas=2, **spec_kw)  # type: ignore[arg-type]
+    check_endpoint_spec(v, spec, {"gpu-a10", "gpu-h100"}, 8)
+    with pytest.raises(InvalidArgument) as err:
+        v.raise_if_any()
+    assert [x.field for x in err.value.violations] == fields
+
+
+def test_the_endpoints_own_flavor_is_not_listed_again_among_the_others() -> None:
+    spec = normalised_spec(common_pb2.EndpointSpec(name="e", flavors=["cpu", "gpu-a10",
+                                                                      "gpu-a10"]))
+    assert (spec.flavor, list(spec.flavors)) == ("cpu", ["gpu-a10"])
+    assert flavors_of(spec) == ("cpu", "gpu-a10")
+
+
+@pytest.mark.parametrize(("name", "replicas", "by", "fields"), [
+    ("counts on the flavors it may run on", 0, {"cpu": 1, "gpu-a10": 2}, []),
+    ("replicas equal to their sum", 3, {"cpu": 1, "gpu-a10": 2}, []),
+    ("a flavor it may not run on", 0, {"gpu-h100": 1}, ["flavor_replicas['gpu-h100']"]),
+    ("a flavor over the maximum", 0, {"gpu-a10": 5}, ["flavor_replicas[gpu-a10]"]),
+    ("replicas that are not their sum", 2, {"cpu": 1, "gpu-a10": 2}, ["replicas"]),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_scaling_per_flavor_is_checked(name: str, replicas: int, by: dict[str, int],
+                                       fields: list[str]) -> None:
+    spec = normalised_spec(common_pb2.EndpointSpec(name="e", max_replicas=4,
+                                                   flavors=["gpu-a10"]))
+    v = Violations()
+    check_flavor_replicas(v, spec, replicas, by)
+    got = []
+    try:
+        v.raise_if_any()
+    except InvalidArgument as err:
+        got = [x.field for x in err.violations]
+    assert got == fields

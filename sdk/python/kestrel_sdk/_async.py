@@ -258,7 +258,9 @@ class AsyncClient:
 
     async def create_endpoint(self, name: str, *, min_replicas: int = 0, max_replicas: int = 1,
                               flavor: str = "", model: str = "", horizon_s: int = 0,
-                              warm_pool: int = 0) -> Endpoint:
+                              warm_pool: int = 0, flavors: Sequence[str] = (),
+                              target_p95_ms: int = 0, missed_slo_value_per_s: str = ""
+                              ) -> Endpoint:
         """A new endpoint of the caller's tenant. With a cluster, its first replicas
         (min_replicas, at least one) start at once, each reserving its cost for the
         endpoint's horizon (FailedPrecondition when the budget cannot hold them): on
@@ -266,10 +268,15 @@ class AsyncClient:
         answered by a host stand-in. Without one, replicas are host processes
         (`KESTREL_WORKER_ENDPOINT=<endpoint_id> python -m services.worker`).
         `horizon_s`: seconds of spend each replica holds (0: the gateway's 600);
-        `warm_pool`: replicas the autoscaler keeps ready while the budget allows."""
+        `warm_pool`: replicas the autoscaler keeps ready while the budget allows;
+        `flavors`: other flavors its replicas may run on (the autoscaler then picks
+        the mix by cost per request under `target_p95_ms`); `missed_slo_value_per_s`:
+        what a second of missed p95 is worth (sizes the warm replica from cost)."""
         resp = await self._call(self._stub.CreateEndpoint, create_endpoint_request(
             name, min_replicas=min_replicas, max_replicas=max_replicas, flavor=flavor,
-            model=model, horizon_s=horizon_s, warm_pool=warm_pool), operator=False)
+            model=model, horizon_s=horizon_s, warm_pool=warm_pool, flavors=flavors,
+            target_p95_ms=target_p95_ms, missed_slo_value_per_s=missed_slo_value_per_s),
+            operator=False)
         return Endpoint.from_pb(resp.endpoint)
 
     async def get_endpoint(self, endpoint_id: str) -> Endpoint:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 from kestrel_sdk.v1 import common_pb2, gateway_pb2
@@ -42,6 +42,11 @@ class Endpoint:
     created_us: int
     # Replicas are simulated GPU replicas (KWOK pods, each answered by a host stand-in).
     simulated: bool = False
+    # Other flavors it may run on (the autoscaler chooses the mix), and replicas and
+    # ready replicas per flavor.
+    flavors: tuple[str, ...] = ()
+    flavor_replicas: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    flavor_ready: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def created_at(self) -> datetime | None:
@@ -51,7 +56,9 @@ class Endpoint:
     def from_pb(cls, m: common_pb2.Endpoint) -> Endpoint:
         return cls(m.endpoint_id, m.tenant, m.spec.name, m.spec.model, m.spec.flavor,
                    m.spec.min_replicas, m.spec.max_replicas, m.replicas, m.ready_replicas,
-                   m.reason, m.created_us, m.simulated)
+                   m.reason, m.created_us, m.simulated, tuple(m.spec.flavors),
+                   dict(sorted(m.flavor_replicas.items())),
+                   dict(sorted(m.flavor_ready.items())))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,10 +84,16 @@ class InferResult:
 
 def create_endpoint_request(name: str, *, min_replicas: int = 0, max_replicas: int = 1,
                             flavor: str = "", model: str = "", horizon_s: int = 0,
-                            warm_pool: int = 0) -> gateway_pb2.CreateEndpointRequest:
+                            warm_pool: int = 0, flavors: Sequence[str] = (),
+                            target_p95_ms: int = 0, missed_slo_value_per_s: str = ""
+                            ) -> gateway_pb2.CreateEndpointRequest:
+    if isinstance(flavors, str):
+        raise TypeError("flavors is a list of flavor names, not one string")
     return gateway_pb2.CreateEndpointRequest(spec=common_pb2.EndpointSpec(
         name=name, model=model, flavor=flavor, min_replicas=min_replicas,
-        max_replicas=max_replicas, reservation_horizon_s=horizon_s, warm_pool=warm_pool))
+        max_replicas=max_replicas, reservation_horizon_s=horizon_s, warm_pool=warm_pool,
+        flavors=list(flavors), target_p95_ms=target_p95_ms,
+        missed_slo_value_per_s=missed_slo_value_per_s))
 
 
 def infer_request(endpoint_id: str, inputs: Sequence[str], priority: Priority | str | int,

@@ -25,6 +25,10 @@ def endpoints_table(items: Iterable[Endpoint], title: str = "endpoints") -> Tabl
         t.add_column(col)
     for e in items:
         flavor = e.flavor or "by runway"
+        if e.flavor_replicas and set(e.flavor_replicas) != {e.flavor}:
+            flavor = " + ".join(f"{n} {f}" for f, n in e.flavor_replicas.items())
+        elif e.flavors:
+            flavor += f" (may use {', '.join(e.flavors)})"
         t.add_row(cell(e.endpoint_id), cell(e.name), cell(e.model),
                   cell(f"{flavor} (simulated)" if e.simulated else flavor),
                   str(e.ready_replicas), f"{e.min_replicas}..{e.max_replicas}",
@@ -39,6 +43,13 @@ def create(ctx: typer.Context, name: Annotated[str, typer.Argument(help="a-z, 0-
            flavor: Annotated[str, typer.Option(
                help="cpu (the CPU pool, a real kubelet) or a GPU flavor (simulated); "
                     "empty: a GPU flavor chosen by runway")] = "",
+           also: Annotated[list[str] | None, typer.Option(
+               "--also-flavor", help="another flavor its replicas may run on (repeat): the "
+                                     "autoscaler picks the mix by cost per request")] = None,
+           target_p95_ms: Annotated[int, typer.Option("--target-p95-ms", min=0)] = 0,
+           missed_slo_value: Annotated[str, typer.Option(
+               "--missed-slo-value", help="credits a second of missed p95 is worth: sizes "
+                                          "the warm replica from cost")] = "",
            as_json: AsJson = False, output: OutputOpt = None) -> None:
     """Create an endpoint serving all-MiniLM-L6-v2. With a cluster its replicas start at
     once, each reserving its cost for the endpoint's horizon; without one, start a
@@ -46,7 +57,8 @@ def create(ctx: typer.Context, name: Annotated[str, typer.Argument(help="a-z, 0-
     services.worker."""
     with client(ctx) as c:
         e = c.create_endpoint(name, min_replicas=min_replicas, max_replicas=max_replicas,
-                              flavor=flavor)
+                              flavor=flavor, flavors=also or (), target_p95_ms=target_p95_ms,
+                              missed_slo_value_per_s=missed_slo_value)
     render.show(ctx, e, lambda: [endpoints_table([e], "endpoint")], as_json=as_json,
                 output=output)
 

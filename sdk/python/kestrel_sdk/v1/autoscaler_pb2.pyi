@@ -3,8 +3,10 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -79,20 +81,96 @@ Global___ScaleInputs: _TypeAlias = ScaleInputs  # noqa: Y015
 class GetScaleStateResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class FlavorReplicasEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class TargetFlavorReplicasEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class CheapestMixEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     REPLICAS_FIELD_NUMBER: _builtins.int
     TARGET_REPLICAS_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
     DECIDED_US_FIELD_NUMBER: _builtins.int
     COOLDOWN_UNTIL_US_FIELD_NUMBER: _builtins.int
+    FLAVOR_REPLICAS_FIELD_NUMBER: _builtins.int
+    TARGET_FLAVOR_REPLICAS_FIELD_NUMBER: _builtins.int
+    CHEAPEST_MIX_FIELD_NUMBER: _builtins.int
+    DEMAND_RPS_FIELD_NUMBER: _builtins.int
     replicas: _builtins.int
     target_replicas: _builtins.int
     reason: _builtins.str
     decided_us: _builtins.int
     cooldown_until_us: _builtins.int
     """Instant before which no scale-down happens (cooldown)."""
+    demand_rps: _builtins.float
     @_builtins.property
     def inputs(self) -> Global___ScaleInputs: ...
+    @_builtins.property
+    def flavor_replicas(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """An endpoint on several flavors: its replicas and the target per flavor, the
+        cheapest mix that covers the demand under its latency objective (before floors,
+        cooldowns and money), and the demand in requests a second.
+        """
+
+    @_builtins.property
+    def target_flavor_replicas(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def cheapest_mix(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     def __init__(
         self,
         *,
@@ -102,10 +180,14 @@ class GetScaleStateResponse(_message.Message):
         inputs: Global___ScaleInputs | None = ...,
         decided_us: _builtins.int = ...,
         cooldown_until_us: _builtins.int = ...,
+        flavor_replicas: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        target_flavor_replicas: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        cheapest_mix: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        demand_rps: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inputs", b"inputs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cooldown_until_us", b"cooldown_until_us", "decided_us", b"decided_us", "inputs", b"inputs", "reason", b"reason", "replicas", b"replicas", "target_replicas", b"target_replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cheapest_mix", b"cheapest_mix", "cooldown_until_us", b"cooldown_until_us", "decided_us", b"decided_us", "demand_rps", b"demand_rps", "flavor_replicas", b"flavor_replicas", "inputs", b"inputs", "reason", b"reason", "replicas", b"replicas", "target_flavor_replicas", b"target_flavor_replicas", "target_replicas", b"target_replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -348,6 +348,8 @@ class EndpointSpec(_message.Message):
     COOLDOWN_S_FIELD_NUMBER: _builtins.int
     WARM_POOL_FIELD_NUMBER: _builtins.int
     RESERVATION_HORIZON_S_FIELD_NUMBER: _builtins.int
+    FLAVORS_FIELD_NUMBER: _builtins.int
+    MISSED_SLO_VALUE_PER_S_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     model: _builtins.str
     """Model served by the worker, e.g. "all-MiniLM-L6-v2"."""
@@ -365,6 +367,20 @@ class EndpointSpec(_message.Message):
     """Replicas kept warm above demand while runway allows."""
     reservation_horizon_s: _builtins.int
     """Seconds of spend the endpoint holds as a rolling reservation."""
+    missed_slo_value_per_s: _builtins.str
+    """Credits one second of missed latency objective is worth to the endpoint's owner,
+    a decimal (e.g. "0.01"). Set, the autoscaler sizes the warm replica and the delay
+    before a scale-down from it (a replica stays idle while its idle price is below
+    a cold start's worth of missed seconds) instead of warm_pool and cooldown_s.
+    """
+    @_builtins.property
+    def flavors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Other flavors its replicas may run on besides `flavor` (e.g. ["gpu-a10"]). With
+        any, the autoscaler chooses the mix: replicas per flavor at the least cost per
+        request whose p95 meets target_p95_ms. `flavor` stays where the first replicas
+        start.
+        """
+
     def __init__(
         self,
         *,
@@ -379,10 +395,12 @@ class EndpointSpec(_message.Message):
         cooldown_s: _builtins.int = ...,
         warm_pool: _builtins.int = ...,
         reservation_horizon_s: _builtins.int = ...,
+        flavors: _abc.Iterable[_builtins.str] | None = ...,
+        missed_slo_value_per_s: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cooldown_s", b"cooldown_s", "flavor", b"flavor", "gpus_per_replica", b"gpus_per_replica", "max_replicas", b"max_replicas", "min_replicas", b"min_replicas", "model", b"model", "name", b"name", "reservation_horizon_s", b"reservation_horizon_s", "target_p95_ms", b"target_p95_ms", "target_queue_depth", b"target_queue_depth", "warm_pool", b"warm_pool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cooldown_s", b"cooldown_s", "flavor", b"flavor", "flavors", b"flavors", "gpus_per_replica", b"gpus_per_replica", "max_replicas", b"max_replicas", "min_replicas", b"min_replicas", "missed_slo_value_per_s", b"missed_slo_value_per_s", "model", b"model", "name", b"name", "reservation_horizon_s", b"reservation_horizon_s", "target_p95_ms", b"target_p95_ms", "target_queue_depth", b"target_queue_depth", "warm_pool", b"warm_pool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -392,6 +410,46 @@ Global___EndpointSpec: _TypeAlias = EndpointSpec  # noqa: Y015
 class Endpoint(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class FlavorReplicasEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class FlavorReadyEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ENDPOINT_ID_FIELD_NUMBER: _builtins.int
     TENANT_FIELD_NUMBER: _builtins.int
     SPEC_FIELD_NUMBER: _builtins.int
@@ -400,6 +458,8 @@ class Endpoint(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     CREATED_US_FIELD_NUMBER: _builtins.int
     SIMULATED_FIELD_NUMBER: _builtins.int
+    FLAVOR_REPLICAS_FIELD_NUMBER: _builtins.int
+    FLAVOR_READY_FIELD_NUMBER: _builtins.int
     endpoint_id: _builtins.str
     tenant: _builtins.str
     replicas: _builtins.int
@@ -412,6 +472,12 @@ class Endpoint(_message.Message):
     """
     @_builtins.property
     def spec(self) -> Global___EndpointSpec: ...
+    @_builtins.property
+    def flavor_replicas(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Replicas and ready replicas per flavor (they sum to replicas, ready_replicas)."""
+
+    @_builtins.property
+    def flavor_ready(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     def __init__(
         self,
         *,
@@ -423,10 +489,12 @@ class Endpoint(_message.Message):
         reason: _builtins.str = ...,
         created_us: _builtins.int = ...,
         simulated: _builtins.bool = ...,
+        flavor_replicas: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        flavor_ready: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_us", b"created_us", "endpoint_id", b"endpoint_id", "ready_replicas", b"ready_replicas", "reason", b"reason", "replicas", b"replicas", "simulated", b"simulated", "spec", b"spec", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_us", b"created_us", "endpoint_id", b"endpoint_id", "flavor_ready", b"flavor_ready", "flavor_replicas", b"flavor_replicas", "ready_replicas", b"ready_replicas", "reason", b"reason", "replicas", b"replicas", "simulated", b"simulated", "spec", b"spec", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

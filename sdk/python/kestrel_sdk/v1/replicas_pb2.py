@@ -25,21 +25,25 @@ _sym_db = _symbol_database.Default()
 from kestrel_sdk.v1 import common_pb2 as kestrel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19kestrel/v1/replicas.proto\x12\nkestrel.v1\x1a\x17kestrel/v1/common.proto\"Q\n\x18ListLiveEndpointsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\"]\n\x19ListLiveEndpointsResponse\x12\'\n\tendpoints\x18\x01 \x03(\x0b\x32\x14.kestrel.v1.Endpoint\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"]\n\x14ScaleEndpointRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\x12\x10\n\x08replicas\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\"r\n\x15ScaleEndpointResponse\x12&\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x14.kestrel.v1.Endpoint\x12\x0f\n\x07started\x18\x02 \x03(\t\x12\x0f\n\x07stopped\x18\x03 \x03(\t\x12\x0f\n\x07refusal\x18\x04 \x01(\t2\xc2\x01\n\x08Replicas\x12`\n\x11ListLiveEndpoints\x12$.kestrel.v1.ListLiveEndpointsRequest\x1a%.kestrel.v1.ListLiveEndpointsResponse\x12T\n\rScaleEndpoint\x12 .kestrel.v1.ScaleEndpointRequest\x1a!.kestrel.v1.ScaleEndpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19kestrel/v1/replicas.proto\x12\nkestrel.v1\x1a\x17kestrel/v1/common.proto\"Q\n\x18ListLiveEndpointsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x0e\n\x06tenant\x18\x03 \x01(\t\"]\n\x19ListLiveEndpointsResponse\x12\'\n\tendpoints\x18\x01 \x03(\x0b\x32\x14.kestrel.v1.Endpoint\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xe3\x01\n\x14ScaleEndpointRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\x12\x10\n\x08replicas\x18\x03 \x01(\x05\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12M\n\x0f\x66lavor_replicas\x18\x05 \x03(\x0b\x32\x34.kestrel.v1.ScaleEndpointRequest.FlavorReplicasEntry\x1a\x35\n\x13\x46lavorReplicasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"r\n\x15ScaleEndpointResponse\x12&\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x14.kestrel.v1.Endpoint\x12\x0f\n\x07started\x18\x02 \x03(\t\x12\x0f\n\x07stopped\x18\x03 \x03(\t\x12\x0f\n\x07refusal\x18\x04 \x01(\t2\xc2\x01\n\x08Replicas\x12`\n\x11ListLiveEndpoints\x12$.kestrel.v1.ListLiveEndpointsRequest\x1a%.kestrel.v1.ListLiveEndpointsResponse\x12T\n\rScaleEndpoint\x12 .kestrel.v1.ScaleEndpointRequest\x1a!.kestrel.v1.ScaleEndpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kestrel_sdk.v1.replicas_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SCALEENDPOINTREQUEST_FLAVORREPLICASENTRY']._loaded_options = None
+  _globals['_SCALEENDPOINTREQUEST_FLAVORREPLICASENTRY']._serialized_options = b'8\001'
   _globals['_LISTLIVEENDPOINTSREQUEST']._serialized_start=66
   _globals['_LISTLIVEENDPOINTSREQUEST']._serialized_end=147
   _globals['_LISTLIVEENDPOINTSRESPONSE']._serialized_start=149
   _globals['_LISTLIVEENDPOINTSRESPONSE']._serialized_end=242
-  _globals['_SCALEENDPOINTREQUEST']._serialized_start=244
-  _globals['_SCALEENDPOINTREQUEST']._serialized_end=337
-  _globals['_SCALEENDPOINTRESPONSE']._serialized_start=339
-  _globals['_SCALEENDPOINTRESPONSE']._serialized_end=453
-  _globals['_REPLICAS']._serialized_start=456
-  _globals['_REPLICAS']._serialized_end=650
+  _globals['_SCALEENDPOINTREQUEST']._serialized_start=245
+  _globals['_SCALEENDPOINTREQUEST']._serialized_end=472
+  _globals['_SCALEENDPOINTREQUEST_FLAVORREPLICASENTRY']._serialized_start=419
+  _globals['_SCALEENDPOINTREQUEST_FLAVORREPLICASENTRY']._serialized_end=472
+  _globals['_SCALEENDPOINTRESPONSE']._serialized_start=474
+  _globals['_SCALEENDPOINTRESPONSE']._serialized_end=588
+  _globals['_REPLICAS']._serialized_start=591
+  _globals['_REPLICAS']._serialized_end=785
 # @@protoc_insertion_point(module_scope)

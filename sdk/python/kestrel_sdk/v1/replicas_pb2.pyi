@@ -72,18 +72,48 @@ Global___ListLiveEndpointsResponse: _TypeAlias = ListLiveEndpointsResponse  # no
 class ScaleEndpointRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class FlavorReplicasEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     TENANT_FIELD_NUMBER: _builtins.int
     ENDPOINT_ID_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    FLAVOR_REPLICAS_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     endpoint_id: _builtins.str
     replicas: _builtins.int
-    """The replica count wanted, 0..max_replicas."""
+    """The replica count wanted, 0..max_replicas (on the endpoint's `flavor`, or kept on
+    the flavors its replicas run on, the newest stopping first).
+    """
     reason: _builtins.str
     """Why (an autoscaler reason such as scale_up or runway_exhausted): recorded on the
     replicas it stops.
     """
+    @_builtins.property
+    def flavor_replicas(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Replicas wanted per flavor, each 0..max_replicas, for an endpoint that may run on
+        several (its `flavor` and `flavors`); set, `replicas` must be 0 or their sum.
+        A flavor left out keeps none.
+        """
+
     def __init__(
         self,
         *,
@@ -91,10 +121,11 @@ class ScaleEndpointRequest(_message.Message):
         endpoint_id: _builtins.str = ...,
         replicas: _builtins.int = ...,
         reason: _builtins.str = ...,
+        flavor_replicas: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "reason", b"reason", "replicas", b"replicas", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_id", b"endpoint_id", "flavor_replicas", b"flavor_replicas", "reason", b"reason", "replicas", b"replicas", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

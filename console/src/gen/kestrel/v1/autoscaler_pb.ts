@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file kestrel/v1/autoscaler.proto.
  */
 export const file_kestrel_v1_autoscaler: GenFile = /*@__PURE__*/
-  fileDesc("ChtrZXN0cmVsL3YxL2F1dG9zY2FsZXIucHJvdG8SCmtlc3RyZWwudjEiOwoUR2V0U2NhbGVTdGF0ZVJlcXVlc3QSDgoGdGVuYW50GAEgASgJEhMKC2VuZHBvaW50X2lkGAIgASgJIqYBCgtTY2FsZUlucHV0cxITCgtxdWV1ZV9kZXB0aBgBIAEoAxIOCgZwOTVfbXMYAiABKAESFgoOcmVhZHlfcmVwbGljYXMYAyABKAUSEAoIcnVud2F5X3MYBCABKAESGAoQcnVud2F5X3VubGltaXRlZBgFIAEoCBIRCglyZW1haW5pbmcYBiABKAkSGwoTcHJpY2VfcGVyX3JlcGxpY2FfcxgHIAEoCSKqAQoVR2V0U2NhbGVTdGF0ZVJlc3BvbnNlEhAKCHJlcGxpY2FzGAEgASgFEhcKD3RhcmdldF9yZXBsaWNhcxgCIAEoBRIOCgZyZWFzb24YAyABKAkSJwoGaW5wdXRzGAQgASgLMhcua2VzdHJlbC52MS5TY2FsZUlucHV0cxISCgpkZWNpZGVkX3VzGAUgASgDEhkKEWNvb2xkb3duX3VudGlsX3VzGAYgASgDMmIKCkF1dG9zY2FsZXISVAoNR2V0U2NhbGVTdGF0ZRIgLmtlc3RyZWwudjEuR2V0U2NhbGVTdGF0ZVJlcXVlc3QaIS5rZXN0cmVsLnYxLkdldFNjYWxlU3RhdGVSZXNwb25zZWIGcHJvdG8z");
+  fileDesc("ChtrZXN0cmVsL3YxL2F1dG9zY2FsZXIucHJvdG8SCmtlc3RyZWwudjEiOwoUR2V0U2NhbGVTdGF0ZVJlcXVlc3QSDgoGdGVuYW50GAEgASgJEhMKC2VuZHBvaW50X2lkGAIgASgJIqYBCgtTY2FsZUlucHV0cxITCgtxdWV1ZV9kZXB0aBgBIAEoAxIOCgZwOTVfbXMYAiABKAESFgoOcmVhZHlfcmVwbGljYXMYAyABKAUSEAoIcnVud2F5X3MYBCABKAESGAoQcnVud2F5X3VubGltaXRlZBgFIAEoCBIRCglyZW1haW5pbmcYBiABKAkSGwoTcHJpY2VfcGVyX3JlcGxpY2FfcxgHIAEoCSLdBAoVR2V0U2NhbGVTdGF0ZVJlc3BvbnNlEhAKCHJlcGxpY2FzGAEgASgFEhcKD3RhcmdldF9yZXBsaWNhcxgCIAEoBRIOCgZyZWFzb24YAyABKAkSJwoGaW5wdXRzGAQgASgLMhcua2VzdHJlbC52MS5TY2FsZUlucHV0cxISCgpkZWNpZGVkX3VzGAUgASgDEhkKEWNvb2xkb3duX3VudGlsX3VzGAYgASgDEk4KD2ZsYXZvcl9yZXBsaWNhcxgHIAMoCzI1Lmtlc3RyZWwudjEuR2V0U2NhbGVTdGF0ZVJlc3BvbnNlLkZsYXZvclJlcGxpY2FzRW50cnkSWwoWdGFyZ2V0X2ZsYXZvcl9yZXBsaWNhcxgIIAMoCzI7Lmtlc3RyZWwudjEuR2V0U2NhbGVTdGF0ZVJlc3BvbnNlLlRhcmdldEZsYXZvclJlcGxpY2FzRW50cnkSSAoMY2hlYXBlc3RfbWl4GAkgAygLMjIua2VzdHJlbC52MS5HZXRTY2FsZVN0YXRlUmVzcG9uc2UuQ2hlYXBlc3RNaXhFbnRyeRISCgpkZW1hbmRfcnBzGAogASgBGjUKE0ZsYXZvclJlcGxpY2FzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgFOgI4ARo7ChlUYXJnZXRGbGF2b3JSZXBsaWNhc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoBToCOAEaMgoQQ2hlYXBlc3RNaXhFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAU6AjgBMmIKCkF1dG9zY2FsZXISVAoNR2V0U2NhbGVTdGF0ZRIgLmtlc3RyZWwudjEuR2V0U2NhbGVTdGF0ZVJlcXVlc3QaIS5rZXN0cmVsLnYxLkdldFNjYWxlU3RhdGVSZXNwb25zZWIGcHJvdG8z");
 
 /**
  * @generated from message kestrel.v1.GetScaleStateRequest
@@ -116,6 +116,30 @@ export type GetScaleStateResponse = Message<"kestrel.v1.GetScaleStateResponse"> 
    * @generated from field: int64 cooldown_until_us = 6;
    */
   cooldownUntilUs: bigint;
+
+  /**
+   * An endpoint on several flavors: its replicas and the target per flavor, the
+   * cheapest mix that covers the demand under its latency objective (before floors,
+   * cooldowns and money), and the demand in requests a second.
+   *
+   * @generated from field: map<string, int32> flavor_replicas = 7;
+   */
+  flavorReplicas: { [key: string]: number };
+
+  /**
+   * @generated from field: map<string, int32> target_flavor_replicas = 8;
+   */
+  targetFlavorReplicas: { [key: string]: number };
+
+  /**
+   * @generated from field: map<string, int32> cheapest_mix = 9;
+   */
+  cheapestMix: { [key: string]: number };
+
+  /**
+   * @generated from field: double demand_rps = 10;
+   */
+  demandRps: number;
 };
 
 /**

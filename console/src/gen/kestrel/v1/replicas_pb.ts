@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file kestrel/v1/replicas.proto.
  */
 export const file_kestrel_v1_replicas: GenFile = /*@__PURE__*/
-  fileDesc("ChlrZXN0cmVsL3YxL3JlcGxpY2FzLnByb3RvEgprZXN0cmVsLnYxIlEKGExpc3RMaXZlRW5kcG9pbnRzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRIOCgZ0ZW5hbnQYAyABKAkiXQoZTGlzdExpdmVFbmRwb2ludHNSZXNwb25zZRInCgllbmRwb2ludHMYASADKAsyFC5rZXN0cmVsLnYxLkVuZHBvaW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJdChRTY2FsZUVuZHBvaW50UmVxdWVzdBIOCgZ0ZW5hbnQYASABKAkSEwoLZW5kcG9pbnRfaWQYAiABKAkSEAoIcmVwbGljYXMYAyABKAUSDgoGcmVhc29uGAQgASgJInIKFVNjYWxlRW5kcG9pbnRSZXNwb25zZRImCghlbmRwb2ludBgBIAEoCzIULmtlc3RyZWwudjEuRW5kcG9pbnQSDwoHc3RhcnRlZBgCIAMoCRIPCgdzdG9wcGVkGAMgAygJEg8KB3JlZnVzYWwYBCABKAkywgEKCFJlcGxpY2FzEmAKEUxpc3RMaXZlRW5kcG9pbnRzEiQua2VzdHJlbC52MS5MaXN0TGl2ZUVuZHBvaW50c1JlcXVlc3QaJS5rZXN0cmVsLnYxLkxpc3RMaXZlRW5kcG9pbnRzUmVzcG9uc2USVAoNU2NhbGVFbmRwb2ludBIgLmtlc3RyZWwudjEuU2NhbGVFbmRwb2ludFJlcXVlc3QaIS5rZXN0cmVsLnYxLlNjYWxlRW5kcG9pbnRSZXNwb25zZWIGcHJvdG8z", [file_kestrel_v1_common]);
+  fileDesc("ChlrZXN0cmVsL3YxL3JlcGxpY2FzLnByb3RvEgprZXN0cmVsLnYxIlEKGExpc3RMaXZlRW5kcG9pbnRzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKAUSEgoKcGFnZV90b2tlbhgCIAEoCRIOCgZ0ZW5hbnQYAyABKAkiXQoZTGlzdExpdmVFbmRwb2ludHNSZXNwb25zZRInCgllbmRwb2ludHMYASADKAsyFC5rZXN0cmVsLnYxLkVuZHBvaW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLjAQoUU2NhbGVFbmRwb2ludFJlcXVlc3QSDgoGdGVuYW50GAEgASgJEhMKC2VuZHBvaW50X2lkGAIgASgJEhAKCHJlcGxpY2FzGAMgASgFEg4KBnJlYXNvbhgEIAEoCRJNCg9mbGF2b3JfcmVwbGljYXMYBSADKAsyNC5rZXN0cmVsLnYxLlNjYWxlRW5kcG9pbnRSZXF1ZXN0LkZsYXZvclJlcGxpY2FzRW50cnkaNQoTRmxhdm9yUmVwbGljYXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAU6AjgBInIKFVNjYWxlRW5kcG9pbnRSZXNwb25zZRImCghlbmRwb2ludBgBIAEoCzIULmtlc3RyZWwudjEuRW5kcG9pbnQSDwoHc3RhcnRlZBgCIAMoCRIPCgdzdG9wcGVkGAMgAygJEg8KB3JlZnVzYWwYBCABKAkywgEKCFJlcGxpY2FzEmAKEUxpc3RMaXZlRW5kcG9pbnRzEiQua2VzdHJlbC52MS5MaXN0TGl2ZUVuZHBvaW50c1JlcXVlc3QaJS5rZXN0cmVsLnYxLkxpc3RMaXZlRW5kcG9pbnRzUmVzcG9uc2USVAoNU2NhbGVFbmRwb2ludBIgLmtlc3RyZWwudjEuU2NhbGVFbmRwb2ludFJlcXVlc3QaIS5rZXN0cmVsLnYxLlNjYWxlRW5kcG9pbnRSZXNwb25zZWIGcHJvdG8z", [file_kestrel_v1_common]);
 
 /**
  * @generated from message kestrel.v1.ListLiveEndpointsRequest
@@ -80,7 +80,8 @@ export type ScaleEndpointRequest = Message<"kestrel.v1.ScaleEndpointRequest"> & 
   endpointId: string;
 
   /**
-   * The replica count wanted, 0..max_replicas.
+   * The replica count wanted, 0..max_replicas (on the endpoint's `flavor`, or kept on
+   * the flavors its replicas run on, the newest stopping first).
    *
    * @generated from field: int32 replicas = 3;
    */
@@ -93,6 +94,15 @@ export type ScaleEndpointRequest = Message<"kestrel.v1.ScaleEndpointRequest"> & 
    * @generated from field: string reason = 4;
    */
   reason: string;
+
+  /**
+   * Replicas wanted per flavor, each 0..max_replicas, for an endpoint that may run on
+   * several (its `flavor` and `flavors`); set, `replicas` must be 0 or their sum.
+   * A flavor left out keeps none.
+   *
+   * @generated from field: map<string, int32> flavor_replicas = 5;
+   */
+  flavorReplicas: { [key: string]: number };
 };
 
 /**
