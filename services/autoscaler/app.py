@@ -31,7 +31,7 @@ from kestrel_sdk.v1 import (
 )
 from services.autoscaler.core import Autoscaler, Key
 from services.autoscaler.domain import Decision, Reason
-from services.autoscaler.inputs import Windows
+from services.autoscaler.inputs import Windows, parse_flavor_rates
 from services.autoscaler.servicer import AutoscalerServicer
 
 log = logging.getLogger("kestrel.autoscaler")
@@ -70,7 +70,9 @@ class AutoscalerConfig:
                 scale_up_cooldown_s=env_float("KESTREL_AUTOSCALER_SCALE_UP_COOLDOWN_S", 5.0),
                 scale_down_cooldown_s=env_float("KESTREL_AUTOSCALER_SCALE_DOWN_COOLDOWN_S",
                                                 30.0),
-                replica_rps=env_float("KESTREL_AUTOSCALER_REPLICA_RPS", 45.0)),
+                replica_rps=env_float("KESTREL_AUTOSCALER_REPLICA_RPS", 45.0),
+                flavor_rates=parse_flavor_rates(env_str("KESTREL_AUTOSCALER_FLAVOR_RATES",
+                                                        ""))),
             heartbeat_s=env_float("KESTREL_WORKER_HEARTBEAT_S", 1.0),
             kubeconfig=env_str("KESTREL_KUBECONFIG", ""),
             lease=env_str("KESTREL_AUTOSCALER_LEASE", "kestrel-autoscaler"),

@@ -36,7 +36,16 @@ from kestrel_sdk.v1 import (
     worker_pb2,
 )
 from services.autoscaler.domain import Decision, Reason, ScaleInputs, ScaleState, decide
-from services.autoscaler.inputs import StreamReading, Windows, arrival_rps, inputs_for
+from services.autoscaler.inputs import (
+    StreamReading,
+    Windows,
+    arrival_rps,
+    flavors_of,
+    inputs_for,
+    mix_inputs_for,
+    several_flavors,
+)
+from services.autoscaler.mix import MixDecision, MixState, decide_mix
 
 log = logging.getLogger("kestrel.autoscaler")
 Key = tuple[str, str]  # (tenant, endpoint id)
@@ -56,6 +65,9 @@ class Track:
     inputs: ScaleInputs | None = None
     decided_us: int = 0
     applied: int = 0  # decisions that changed the replica count
+    # An endpoint on several flavors: the cost-aware decision and its state.
+    mix_state: MixState = field(default_factory=MixState)
+    mix: MixDecision | None = None
 
 
 async def read_streams(redis: aioredis.Redis, endpoint_id: str
@@ -163,10 +175,13 @@ class Autoscaler:
         rps = arrival_rps(t.streams, streams, now - t.read_at)
         t.streams, t.read_at = streams, now
         p95 = await read_p95(self.redis, e.endpoint_id, self.heartbeat_s)
+        if several_flavors(e.spec):
+            return await self.decide_mix_one(key, e, t, streams, rps, p95, now)
         inputs = inputs_for(e, streams, rps, p95, self.runways.get(e.tenant), self.prices,
                             self.windows, t.last_up, t.last_down)
         decision, t.state = decide(inputs, t.state, now)
         t.decision, t.inputs, t.decided_us = decision, inputs, now_us()
+        t.mix = None
         applied = False
         if decision.target != inputs.current:
             resp = await self.replicas.ScaleEndpoint(replicas_pb2.ScaleEndpointRequest(
@@ -191,6 +206,51 @@ class Autoscaler:
                     time_us=t.decided_us, runway_s=min(inputs.runway_s, 1e18),
                     projected_cost=str(decision.projected_cost)))
         self.on_decision(key, decision, applied)
+        return int(applied)
+
+    async def decide_mix_one(self, key: Key, e: common_pb2.Endpoint, t: Track,
+                             streams: Mapping[ep.Priority, StreamReading], rps: float,
+                             p95: float | None, now: float) -> int:
+        """An endpoint on several flavors: replicas per flavor (mix.decide_mix)."""
+        inputs = mix_inputs_for(e, streams, rps, p95, self.runways.get(e.tenant),
+                                self.prices, self.windows, t.last_up, t.last_down)
+        decision, t.mix_state = decide_mix(inputs, t.mix_state, now)
+        t.mix, t.decided_us = decision, now_us()
+        total = sum(decision.target.values())
+        current = sum(inputs.current.values())
+        # What GetScaleState and the metrics read, as for one flavor.
+        t.inputs = ScaleInputs(
+            policy=inputs.policy.scale, price_per_replica_s=decision.cost_per_s / max(1, total),
+            remaining=inputs.remaining, runway_s=inputs.runway_s, current=current,
+            ready=min(current, sum(inputs.ready.values())), queue_depth=inputs.queue_depth,
+            arrival_rps=inputs.arrival_rps, in_flight=inputs.in_flight, p95_ms=inputs.p95_ms)
+        t.decision = Decision(total, decision.reason, current, total, None, decision.panic,
+                              decision.projected_cost, decision.demand_rps, decision.demand_rps)
+        applied = False
+        if dict(decision.target) != dict(inputs.current):
+            resp = await self.replicas.ScaleEndpoint(replicas_pb2.ScaleEndpointRequest(
+                tenant=e.tenant, endpoint_id=e.endpoint_id, reason=str(decision.reason),
+                flavor_replicas={f: decision.target.get(f, 0) for f in flavors_of(e.spec)}),
+                timeout=30)
+            got = {f: n for f, n in resp.endpoint.flavor_replicas.items() if n}
+            applied = got != dict(inputs.current)
+            if any(n > inputs.current.get(f, 0) for f, n in got.items()):
+                t.last_up = now
+            if any(got.get(f, 0) < n for f, n in inputs.current.items()):
+                t.last_down = now
+            if resp.refusal:
+                log.info("%s of %s: %s of %s started: %s", e.endpoint_id, e.tenant, got,
+                         dict(decision.target), resp.refusal)
+            log.info("%s of %s: %s -> %s (%s)", e.endpoint_id, e.tenant,
+                     dict(inputs.current), got, decision.reason)
+            t.applied += applied
+            if applied:
+                await self.publish(events_pb2.EndpointScaled(
+                    tenant=e.tenant, endpoint=e.endpoint_id, from_replicas=current,
+                    to_replicas=resp.endpoint.replicas, reason=str(decision.reason),
+                    time_us=t.decided_us, runway_s=min(inputs.runway_s, 1e18),
+                    projected_cost=str(decision.projected_cost)))
+        self.on_decision(key, t.decision, applied)
         return int(applied)
 
     async def run(self, stop: asyncio.Event, interval_s: float) -> None:
@@ -224,7 +284,12 @@ class Autoscaler:
         if cooldown > -1e18:
             until = t.decided_us + int((cooldown + i.policy.scale_down_cooldown_s
                                         - self.clock()) * 1e6)
+        mix = t.mix
         return autoscaler_pb2.GetScaleStateResponse(
+            flavor_replicas=dict(mix.current) if mix else {},
+            target_flavor_replicas=dict(mix.target) if mix else {},
+            cheapest_mix=dict(mix.plan) if mix else {},
+            demand_rps=mix.demand_rps if mix else 0.0,
             replicas=d.current, target_replicas=d.target, reason=str(d.reason),
             inputs=autoscaler_pb2.ScaleInputs(
                 queue_depth=i.queued + i.in_flight, p95_ms=i.p95_ms or 0.0,

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from kestrel.endpoints import Priority, horizon_of, units_of
 from kestrel.workloads import CPU_FLAVOR
 from kestrel_sdk import budget
+from kestrel_sdk.money import parse_amount
 from kestrel_sdk.v1 import common_pb2
 from services.autoscaler.domain import ScaleInputs, ScalePolicy
+from services.autoscaler.mix import Flavor, MixInputs, MixPolicy
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,59 @@ class Windows:
     scale_up_cooldown_s: float = 5.0
     scale_down_cooldown_s: float = 30.0
     replica_rps: float = 45.0
+    # What one replica of each flavor does, for endpoints on several flavors (the CPU
+    # pool's default from replica_rps; GPU flavors' from FlavorRate's defaults).
+    flavor_rates: Mapping[str, FlavorRate] = field(default_factory=dict)
+
+    def rate_of(self, flavor: str) -> FlavorRate:
+        if flavor in self.flavor_rates:
+            return self.flavor_rates[flavor]
+        if flavor == CPU_FLAVOR:
+            return FlavorRate(self.replica_rps, CPU_P95_MS, CPU_COLD_START_S)
+        return DEFAULT_GPU_RATES.get(flavor, FlavorRate(self.replica_rps * 10, 20.0, 15.0,
+                                                        simulated=True))
+
+
+@dataclass(frozen=True)
+class FlavorRate:
+    """Requests a second one replica takes at target utilisation, its p95 in ms, its
+    cold start in s, and whether those are assumed (a simulated GPU) or measured."""
+
+    replica_rps: float
+    p95_ms: float
+    cold_start_s: float
+    simulated: bool = False
+
+
+# The CPU pool's as measured on the 2-core dev machine (make bench-infer: p99 146.8 ms
+# at half rate); a pod's start with the model's load is about 4 s there.
+CPU_P95_MS = 147.0
+CPU_COLD_START_S = 4.0
+# Simulated GPU replicas: assumed rates (docs/autoscaling.md), not measured.
+DEFAULT_GPU_RATES = {
+    "gpu-a10": FlavorRate(600.0, 20.0, 15.0, simulated=True),
+    "gpu-h100": FlavorRate(2700.0, 10.0, 20.0, simulated=True),
+}
+
+
+def parse_flavor_rates(text: str) -> dict[str, FlavorRate]:
+    """`flavor=rps:p95_ms:cold_start_s[,...]` (KESTREL_AUTOSCALER_FLAVOR_RATES); a GPU
+    flavor's figures count as simulated, the CPU pool's as measured."""
+    out: dict[str, FlavorRate] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        name, _, figures = item.partition("=")
+        parts = figures.split(":")
+        try:
+            rps, p95, cold = (float(x) for x in parts)
+        except ValueError:
+            raise ValueError(f"flavor rate {item.strip()!r}: want flavor=rps:p95_ms:"
+                             "cold_start_s") from None
+        if rps <= 0 or p95 <= 0 or cold < 0:
+            raise ValueError(f"flavor rate {item.strip()!r}: rps and p95 must be positive")
+        out[name.strip()] = FlavorRate(rps, p95, cold, simulated=name.strip() != CPU_FLAVOR)
+    return out
 
 
 def policy_of(spec: common_pb2.EndpointSpec, w: Windows) -> ScalePolicy:
@@ -114,3 +169,55 @@ def inputs_for(endpoint: common_pb2.Endpoint, streams: Mapping[Priority, StreamR
         current=current, ready=ready, pending=current - ready, queue_depth=queued,
         arrival_rps=rps, in_flight=in_flight, p95_ms=p95_ms, last_scale_up_at=last_up,
         last_scale_down_at=last_down)
+
+
+def flavors_of(spec: common_pb2.EndpointSpec) -> tuple[str, ...]:
+    """Every flavor the endpoint's replicas may run on, its own first."""
+    own = spec.flavor or CPU_FLAVOR
+    return (own, *(f for f in spec.flavors if f != own))
+
+
+def several_flavors(spec: common_pb2.EndpointSpec) -> bool:
+    return len(flavors_of(spec)) > 1
+
+
+def mix_policy_of(spec: common_pb2.EndpointSpec, prices: Mapping[str, Decimal],
+                  w: Windows) -> MixPolicy:
+    """The cost-aware policy: each allowed flavor's price per replica-second (units x
+    price) and rate; the windows count load in replicas of the smallest flavor, so a
+    backlog drains in target_queue_depth / that rate seconds on any mix."""
+    flavors = []
+    for name in flavors_of(spec):
+        r = w.rate_of(name)
+        units = 1 if name == CPU_FLAVOR else max(1, spec.gpus_per_replica)
+        flavors.append(Flavor(name, units * prices.get(name, Decimal(0)), r.replica_rps,
+                              r.p95_ms, r.cold_start_s, simulated=r.simulated))
+    base = policy_of(spec, w)
+    unit = min(f.replica_rps for f in flavors)
+    value = (parse_amount(spec.missed_slo_value_per_s, positive=False)
+             if spec.missed_slo_value_per_s else None)
+    return MixPolicy(replace(base, replica_rps=unit), tuple(flavors), value)
+
+
+def mix_inputs_for(endpoint: common_pb2.Endpoint, streams: Mapping[Priority, StreamReading],
+                   rps: float, p95_ms: float | None, runway: common_pb2.Runway | None,
+                   prices: Mapping[str, Decimal], w: Windows,
+                   last_up: float | None, last_down: float | None) -> MixInputs:
+    """The cost-aware decision's inputs. The endpoint's own holds (each replica's
+    flavor price x horizon) are added back to what the meter says is free."""
+    policy = mix_policy_of(endpoint.spec, prices, w)
+    allowed = {f.name: f for f in policy.flavors}
+    current = {f: n for f, n in endpoint.flavor_replicas.items() if f in allowed and n > 0}
+    if not current and endpoint.replicas:  # a gateway that does not count per flavor
+        current = {flavors_of(endpoint.spec)[0]: endpoint.replicas}
+    ready = {f: min(n, current.get(f, 0)) for f, n in endpoint.flavor_ready.items()
+             if f in current and n > 0}
+    own_per_s = sum((allowed[f].price_per_replica_s * n for f, n in current.items()),
+                    Decimal(0))
+    # one "replica" priced at the whole endpoint's spend a second: its holds added back
+    remaining, runway_s = budget_for(runway, 1, own_per_s, policy.scale.horizon_s)
+    queued = {p: max(0, r.length - r.pending) for p, r in streams.items()}
+    in_flight = sum(r.pending for r in streams.values())
+    return MixInputs(policy=policy, remaining=remaining, runway_s=runway_s, current=current,
+                     ready=ready, queue_depth=queued, arrival_rps=rps, in_flight=in_flight,
+                     p95_ms=p95_ms, last_scale_up_at=last_up, last_scale_down_at=last_down)

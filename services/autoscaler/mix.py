@@ -374,12 +374,13 @@ def decide_mix(inputs: MixInputs, state: MixState, now: float
             target[n] = c
         elif since_change < delay:
             target[n], blocked = c, True
-    # Make-before-break: while the rest's ready replicas cannot carry the demand,
-    # keep what would go.
+    # Make-before-break: while the rest's ready replicas cannot carry the demand (or,
+    # with none, the floor's one replica), keep what would go.
     shrinking = [n for n, c in current.items() if target.get(n, 0) < c]
     if shrinking:
         kept_ready = {n: min(ready.get(n, 0), target.get(n, 0)) for n in target}
-        if capacity_of(kept_ready, flavors) + _EPS < demand:
+        need = demand if demand > _EPS else (smallest if _total(target) and ready else 0.0)
+        if capacity_of(kept_ready, flavors) + _EPS < need:
             for n in shrinking:
                 target[n] = current[n]
 

@@ -7,8 +7,10 @@ any job."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from decimal import Decimal
 from pathlib import Path
 
 import grpc
@@ -41,7 +43,10 @@ async def loop(cluster_up: kc.ClusterInfo, service_env: dict[str, str], database
             "KESTREL_AUTOSCALER_STABLE_WINDOW_S": "6", "KESTREL_AUTOSCALER_PANIC_WINDOW_S": "2",
             "KESTREL_AUTOSCALER_SCALE_UP_COOLDOWN_S": "1",
             "KESTREL_AUTOSCALER_SCALE_DOWN_COOLDOWN_S": "5",
-            "KESTREL_AUTOSCALER_REPLICA_RPS": "2"}
+            "KESTREL_AUTOSCALER_REPLICA_RPS": "2",
+            # a simulated gpu-a10 replica takes 6 requests/s: at the e2e prices (a10 at
+            # twice the CPU's) one is the cheapest way to serve more than 2 requests/s
+            "KESTREL_AUTOSCALER_FLAVOR_RATES": "gpu-a10=6:20:15"}
     lp = Loop(env, tmp_path, database)
     try:
         lp.start_all()
@@ -260,4 +265,91 @@ async def test_a_budget_that_pays_for_one_replica_caps_the_load_until_a_top_up(
         stop.set()
         await asyncio.gather(*clients)
     assert grown.replicas == 2
+    await client.close()
+
+
+def on(client: AsyncClient, endpoint_id: str, want: dict[str, int]
+       ) -> Callable[[], Awaitable[Endpoint | None]]:
+    """The endpoint runs exactly `want` replicas per flavor, all of them ready."""
+    async def check() -> Endpoint | None:
+        e = await client.get_endpoint(endpoint_id)
+        ok = dict(e.flavor_replicas) == want and dict(e.flavor_ready) == want
+        return e if ok else None
+    return check
+
+
+async def paced(client: AsyncClient, endpoint_id: str, rps: float, stop: asyncio.Event,
+                workers: int = 2) -> None:
+    """`rps` Infer calls a second of 8 texts each, spread over `workers`."""
+    period = workers / rps
+
+    async def one() -> None:
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            began = loop.time()
+            with contextlib.suppress(KestrelError):
+                await client.infer(endpoint_id, TEXTS, timeout_s=10)
+            await asyncio.sleep(max(0.0, period - (loop.time() - began)))
+    await asyncio.gather(*(one() for _ in range(workers)))
+
+
+async def test_a_rising_load_moves_an_endpoint_from_the_cpu_pool_to_a_gpu_flavor_and_back(
+        loop: Loop, clean_bus: str) -> None:
+    """An endpoint on cpu that may also run on gpu-a10: at 4 requests/s one simulated
+    a10 replica (6 requests/s for twice a CPU replica's price) is cheaper than the CPU
+    replicas it would take, so the autoscaler starts one, and stops the CPU replica once
+    the a10 is ready; at 1 request/s one CPU replica is cheaper again. Each replica is
+    billed at its own flavor's price."""
+    import asyncpg
+
+    client = await loop.tenant("10")
+    tenant = loop.tenants[-1]
+    e = await client.create_endpoint("embed", min_replicas=1, max_replicas=3, flavor="cpu",
+                                     flavors=["gpu-a10"], target_p95_ms=5000)
+    assert e.flavors == ("gpu-a10",)
+    await until("one ready CPU replica", on(client, e.endpoint_id, {"cpu": 1}), timeout_s=180)
+
+    stop = asyncio.Event()
+    high = asyncio.create_task(paced(client, e.endpoint_id, 4.0, stop))
+    try:
+        moved = await until("the endpoint on one gpu-a10 replica alone",
+                            on(client, e.endpoint_id, {"gpu-a10": 1}), timeout_s=180)
+    finally:
+        stop.set()
+        await high
+    assert moved.simulated
+    nodes = kc.kubectl("get", "pods", "-n", f"kestrel-{tenant}", "-l",
+                       f"kestrel.dev/endpoint={e.endpoint_id}", "-o",
+                       "jsonpath={.items[*].spec.nodeName}", check=True).stdout.split()
+    assert set(nodes) - {kc.NODE_NAME}  # a KWOK GPU node (the CPU pod may be stopping)
+
+    stop = asyncio.Event()
+    low = asyncio.create_task(paced(client, e.endpoint_id, 1.0, stop, workers=1))
+    try:
+        await until("back on one CPU replica", on(client, e.endpoint_id, {"cpu": 1}),
+                    timeout_s=180)
+        async with grpc.aio.insecure_channel(loop.env["KESTREL_AUTOSCALER_ADDR"]) as ch:
+            stub = autoscaler_pb2_grpc.AutoscalerStub(ch)
+
+            async def settled() -> autoscaler_pb2.GetScaleStateResponse | None:
+                got = await stub.GetScaleState(autoscaler_pb2.GetScaleStateRequest(
+                    tenant=tenant, endpoint_id=e.endpoint_id))
+                return got if dict(got.flavor_replicas) == {"cpu": 1} else None
+            state = await until("the autoscaler's view of one CPU replica", settled,
+                                timeout_s=30)
+    finally:
+        stop.set()
+        await low
+    assert dict(state.cheapest_mix) == {"cpu": 1} and state.demand_rps < 2
+    assert dict(state.target_flavor_replicas) == {"cpu": 1}
+
+    conn = await asyncpg.connect(loop.dsn)
+    try:
+        rows = await conn.fetch("SELECT DISTINCT flavor, price FROM ledger WHERE tenant = $1 "
+                                "AND kind = 'usage'", tenant)
+    finally:
+        await conn.close()
+    prices = dict(item.split("=") for item in loop.env["KESTREL_PRICES"].split(","))
+    assert {r["flavor"]: r["price"] for r in rows} == {
+        "cpu": Decimal(prices["cpu"]), "gpu-a10": Decimal(prices["gpu-a10"])}
     await client.close()

@@ -15,6 +15,8 @@ from services.autoscaler.inputs import (
     arrival_rps,
     budget_for,
     inputs_for,
+    mix_inputs_for,
+    parse_flavor_rates,
     policy_of,
     replica_price,
 )
@@ -82,3 +84,52 @@ def test_queued_is_what_no_replica_holds_yet_and_pending_is_in_flight() -> None:
     assert i.queue_depth == {Priority.HIGH: 3, Priority.NORMAL: 0, Priority.LOW: 0}
     assert i.in_flight == 5 and (i.current, i.ready, i.pending) == (2, 1, 1)
     assert i.remaining == Decimal("9.4") + 2 * Decimal("0.3")
+
+
+# --- endpoints on several flavors ------------------------------------------------
+
+def mixed(**kw: object) -> common_pb2.Endpoint:
+    spec = common_pb2.EndpointSpec(flavor="cpu", flavors=["gpu-a10"], max_replicas=4,
+                                   reservation_horizon_s=100, target_queue_depth=10,
+                                   gpus_per_replica=1, missed_slo_value_per_s="0.02")
+    return common_pb2.Endpoint(endpoint_id="ep-0123456789abcdef", tenant="acme", spec=spec,
+                               **kw)  # type: ignore[arg-type]
+
+
+def test_an_endpoint_on_several_flavors_prices_each_flavor_and_counts_its_replicas() -> None:
+    e = mixed(replicas=3, ready_replicas=2, flavor_replicas={"cpu": 2, "gpu-a10": 1},
+              flavor_ready={"cpu": 2})
+    w = Windows(replica_rps=2.0, flavor_rates=parse_flavor_rates("gpu-a10=6:20:15"))
+    i = mix_inputs_for(e, {}, 3.0, 90.0, runway(), PRICES, w, None, None)
+    by = {f.name: f for f in i.policy.flavors}
+    assert (by["cpu"].price_per_replica_s, by["gpu-a10"].price_per_replica_s) == (
+        Decimal("0.0005"), Decimal("0.001"))
+    assert (by["cpu"].replica_rps, by["cpu"].simulated) == (2.0, False)
+    assert (by["gpu-a10"].replica_rps, by["gpu-a10"].simulated) == (6.0, True)
+    assert dict(i.current) == {"cpu": 2, "gpu-a10": 1} and dict(i.ready) == {"cpu": 2}
+    # the windows count in replicas of the smallest flavor; the endpoint's holds come back
+    assert i.policy.scale.replica_rps == 2.0
+    assert i.policy.missed_slo_value_per_s == Decimal("0.02")
+    assert i.remaining == Decimal("9.4") + (2 * Decimal("0.0005") + Decimal("0.001")) * 100
+
+
+def test_a_gateway_that_counts_no_flavors_leaves_the_replicas_on_the_endpoints_own() -> None:
+    i = mix_inputs_for(mixed(replicas=2, ready_replicas=1), {}, 0.0, None, runway(), PRICES,
+                       Windows(), None, None)
+    assert dict(i.current) == {"cpu": 2}
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("gpu-a10=6:20", "want flavor=rps:p95_ms:cold_start_s"),
+    ("gpu-a10=0:20:15", "must be positive"),
+    ("gpu-a10=x:20:15", "want flavor"),
+])
+def test_flavor_rates_that_cannot_be_read_are_refused(text: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_flavor_rates(text)
+
+
+def test_unconfigured_flavors_get_the_documented_defaults() -> None:
+    w = Windows(replica_rps=30.0)
+    assert w.rate_of("cpu").replica_rps == 30.0 and not w.rate_of("cpu").simulated
+    assert w.rate_of("gpu-h100").simulated and w.rate_of("gpu-h100").replica_rps == 2700.0

@@ -272,3 +272,11 @@ def test_no_decision_plans_past_the_budget(rates: list[float], remaining: Decima
         assert d.projected_cost <= max(Decimal(0), remaining)
         assert d.total <= max(pol.scale.max_replicas, sum(current.values())) * 2
         current = dict(d.target)
+
+
+def test_an_idle_endpoint_moving_to_its_cheaper_floor_keeps_its_ready_replica_meanwhile() -> None:
+    pol = policy(CPU, A10, value=None, min_replicas=1)
+    d, _ = steady(inputs(pol, current={"gpu-a10": 1, "cpu": 1}, ready={"gpu-a10": 1}))
+    assert dict(d.target) == {"gpu-a10": 1, "cpu": 1}  # type: ignore[attr-defined]
+    d, _ = steady(inputs(pol, current={"gpu-a10": 1, "cpu": 1}))
+    assert dict(d.target) == {"cpu": 1}  # type: ignore[attr-defined]
