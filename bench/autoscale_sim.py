@@ -626,14 +626,14 @@ def _mix(m: Mapping[str, int]) -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     """The table stdout ends with, before the `sim:` line."""
-    head = (f"{'scenario (simulated)':<38} {'budget$':>8} {'LO$':>8} {'BA$':>8} {'CA$':>8} "
+    head = (f"{'scenario (simulated)':<44} {'budget$':>8} {'LO$':>8} {'BA$':>8} {'CA$':>8} "
             f"{'CA saved':>8} {'SLA LO':>6} {'SLA BA':>6} {'SLA CA':>6}  CA peak mix")
     lines = [head, "-" * len(head)]
     for e in _rows(results):
         p = e["policies"]
         name = _name(e) + ("" if e["budget_ample"] else " *")
         lines.append(
-            f"{name:<38} {float(e['budget']):>8.2f} {float(p['load_only']['cost']):>8.4f} "
+            f"{name:<44} {float(e['budget']):>8.2f} {float(p['load_only']['cost']):>8.4f} "
             f"{float(p['budget_aware']['cost']):>8.4f} {float(p['cost_aware']['cost']):>8.4f} "
             f"{p['cost_aware']['saved_pct']:>7.1f}% {p['load_only']['sla_missed_s']:>6} "
             f"{p['budget_aware']['sla_missed_s']:>6} {p['cost_aware']['sla_missed_s']:>6}  "
@@ -644,7 +644,7 @@ def table(results: list[dict[str, Any]]) -> str:
         lo, ba, ca = (s[pol][f"{key}cost"] for pol in POLICIES)
         saved = _pct(Decimal(lo) - Decimal(ca), Decimal(lo))
         sla = [s[pol][f"{key}sla_missed_s"] for pol in POLICIES]
-        lines.append(f"{label:<38} {'':>8} {float(lo):>8.4f} {float(ba):>8.4f} "
+        lines.append(f"{label:<44} {'':>8} {float(lo):>8.4f} {float(ba):>8.4f} "
                      f"{float(ca):>8.4f} {saved:>7.1f}% {sla[0]:>6} {sla[1]:>6} {sla[2]:>6}")
     lines.append("LO load-only, BA budget-aware, CA cost-aware; * budget not ample "
                  "(money set some decision)")
