@@ -42,8 +42,10 @@ from services.autoscaler.inputs import (
     arrival_rps,
     flavors_of,
     inputs_for,
+    measured_rps,
     mix_inputs_for,
     several_flavors,
+    worst_p95,
 )
 from services.autoscaler.mix import MixDecision, MixState, decide_mix
 
@@ -68,6 +70,7 @@ class Track:
     # An endpoint on several flavors: the cost-aware decision and its state.
     mix_state: MixState = field(default_factory=MixState)
     mix: MixDecision | None = None
+    flavor_rps: dict[str, float] = field(default_factory=dict)
 
 
 async def read_streams(redis: aioredis.Redis, endpoint_id: str
@@ -88,20 +91,26 @@ async def read_streams(redis: aioredis.Redis, endpoint_id: str
     return out
 
 
-async def read_p95(redis: aioredis.Redis, endpoint_id: str, heartbeat_s: float
-                   ) -> float | None:
-    """The worst p95 among the replicas heartbeating now (None: none served yet)."""
+async def read_heartbeats(redis: aioredis.Redis, endpoint_id: str, heartbeat_s: float
+                          ) -> list[worker_pb2.WorkerHeartbeat]:
+    """The heartbeats of the endpoint's replicas heartbeating now."""
     raw: Any = await redis.hgetall(ep.replicas_key(endpoint_id))
     now = now_us()
-    worst: float | None = None
+    out = []
     for value in raw.values():
         try:
             hb = worker_pb2.WorkerHeartbeat.FromString(value)
         except Exception:
             continue
-        if ep.heartbeat_fresh(hb.time_us, now, heartbeat_s) and hb.served:
-            worst = max(worst or 0.0, hb.p95_ms)
-    return worst
+        if ep.heartbeat_fresh(hb.time_us, now, heartbeat_s):
+            out.append(hb)
+    return out
+
+
+async def read_p95(redis: aioredis.Redis, endpoint_id: str, heartbeat_s: float
+                   ) -> float | None:
+    """The worst p95 among the replicas heartbeating now (None: none served yet)."""
+    return worst_p95(await read_heartbeats(redis, endpoint_id, heartbeat_s))
 
 
 class Autoscaler:
@@ -174,9 +183,11 @@ class Autoscaler:
         streams = await read_streams(self.redis, e.endpoint_id)
         rps = arrival_rps(t.streams, streams, now - t.read_at)
         t.streams, t.read_at = streams, now
-        p95 = await read_p95(self.redis, e.endpoint_id, self.heartbeat_s)
+        beats = await read_heartbeats(self.redis, e.endpoint_id, self.heartbeat_s)
+        p95 = worst_p95(beats)
         if several_flavors(e.spec):
-            return await self.decide_mix_one(key, e, t, streams, rps, p95, now)
+            return await self.decide_mix_one(key, e, t, streams, rps, p95, now,
+                                             measured_rps(beats))
         inputs = inputs_for(e, streams, rps, p95, self.runways.get(e.tenant), self.prices,
                             self.windows, t.last_up, t.last_down)
         decision, t.state = decide(inputs, t.state, now)
@@ -210,10 +221,12 @@ class Autoscaler:
 
     async def decide_mix_one(self, key: Key, e: common_pb2.Endpoint, t: Track,
                              streams: Mapping[ep.Priority, StreamReading], rps: float,
-                             p95: float | None, now: float) -> int:
+                             p95: float | None, now: float, cpu_rps: float | None) -> int:
         """An endpoint on several flavors: replicas per flavor (mix.decide_mix)."""
         inputs = mix_inputs_for(e, streams, rps, p95, self.runways.get(e.tenant),
-                                self.prices, self.windows, t.last_up, t.last_down)
+                                self.prices, self.windows, t.last_up, t.last_down,
+                                measured_cpu_rps=cpu_rps)
+        t.flavor_rps = {f.name: f.replica_rps for f in inputs.policy.flavors}
         decision, t.mix_state = decide_mix(inputs, t.mix_state, now)
         t.mix, t.decided_us = decision, now_us()
         total = sum(decision.target.values())
@@ -290,6 +303,7 @@ class Autoscaler:
             target_flavor_replicas=dict(mix.target) if mix else {},
             cheapest_mix=dict(mix.plan) if mix else {},
             demand_rps=mix.demand_rps if mix else 0.0,
+            flavor_rps=t.flavor_rps if mix else {},
             replicas=d.current, target_replicas=d.target, reason=str(d.reason),
             inputs=autoscaler_pb2.ScaleInputs(
                 queue_depth=i.queued + i.in_flight, p95_ms=i.p95_ms or 0.0,

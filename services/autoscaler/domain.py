@@ -131,8 +131,22 @@ def _no_queue() -> Mapping[Priority, int]:
     return MappingProxyType({})
 
 
+class QueueCounts:
+    """Queued requests of an inputs type with a `queue_depth` per priority."""
+
+    queue_depth: Mapping[Priority, int]
+
+    @property
+    def queued(self) -> int:
+        return sum(self.queue_depth.values())
+
+    @property
+    def queued_urgent(self) -> int:
+        return sum(n for p, n in self.queue_depth.items() if p != Priority.LOW)
+
+
 @dataclass(frozen=True)
-class ScaleInputs:
+class ScaleInputs(QueueCounts):
     """What the loop observed for one endpoint at one instant, and its tenant's budget."""
 
     policy: ScalePolicy
@@ -167,14 +181,6 @@ class ScaleInputs:
             raise ValueError("price_per_replica_s must not be negative")
         if self.arrival_rps < 0 or math.isnan(self.arrival_rps) or math.isnan(self.runway_s):
             raise ValueError("arrival_rps and runway_s must be numbers, arrival_rps >= 0")
-
-    @property
-    def queued(self) -> int:
-        return sum(self.queue_depth.values())
-
-    @property
-    def queued_urgent(self) -> int:
-        return sum(n for p, n in self.queue_depth.items() if p != Priority.LOW)
 
 
 @dataclass(frozen=True)

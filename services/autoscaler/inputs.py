@@ -9,7 +9,7 @@ and the prices. This module turns those readings into one decision's inputs.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
@@ -17,7 +17,7 @@ from kestrel.endpoints import Priority, horizon_of, units_of
 from kestrel.workloads import CPU_FLAVOR
 from kestrel_sdk import budget
 from kestrel_sdk.money import parse_amount
-from kestrel_sdk.v1 import common_pb2
+from kestrel_sdk.v1 import common_pb2, worker_pb2
 from services.autoscaler.domain import ScaleInputs, ScalePolicy
 from services.autoscaler.mix import Flavor, MixInputs, MixPolicy
 
@@ -171,6 +171,30 @@ def inputs_for(endpoint: common_pb2.Endpoint, streams: Mapping[Priority, StreamR
         last_scale_down_at=last_down)
 
 
+# The share of a replica's measured rate the autoscaler plans to use.
+TARGET_UTILISATION = 0.75
+# Model seconds the CPU pool's replicas must have spent before their rate is trusted.
+MEASURED_AFTER_BUSY_S = 2.0
+
+
+def worst_p95(beats: Sequence[worker_pb2.WorkerHeartbeat]) -> float | None:
+    """The worst p95 among replicas that served (None: none has)."""
+    served = [hb.p95_ms for hb in beats if hb.served]
+    return max(served) if served else None
+
+
+def measured_rps(beats: Sequence[worker_pb2.WorkerHeartbeat]) -> float | None:
+    """Requests a second one replica of the CPU pool takes at target utilisation,
+    measured: the pool's real replicas (not simulated stand-ins) served so many requests
+    in so many model seconds. None until they have spent MEASURED_AFTER_BUSY_S in the
+    model. Small batches at light load make it conservative."""
+    real = [hb for hb in beats if not hb.simulated and hb.busy_s > 0]
+    busy = sum(hb.busy_s for hb in real)
+    if busy < MEASURED_AFTER_BUSY_S:
+        return None
+    return TARGET_UTILISATION * sum(hb.served for hb in real) / busy
+
+
 def flavors_of(spec: common_pb2.EndpointSpec) -> tuple[str, ...]:
     """Every flavor the endpoint's replicas may run on, its own first."""
     own = spec.flavor or CPU_FLAVOR
@@ -182,13 +206,16 @@ def several_flavors(spec: common_pb2.EndpointSpec) -> bool:
 
 
 def mix_policy_of(spec: common_pb2.EndpointSpec, prices: Mapping[str, Decimal],
-                  w: Windows) -> MixPolicy:
+                  w: Windows, measured_cpu_rps: float | None = None) -> MixPolicy:
     """The cost-aware policy: each allowed flavor's price per replica-second (units x
-    price) and rate; the windows count load in replicas of the smallest flavor, so a
-    backlog drains in target_queue_depth / that rate seconds on any mix."""
+    price) and rate (the CPU pool's measured one when there is one and no configured
+    figure overrides it); the windows count load in replicas of the smallest flavor, so
+    a backlog drains in target_queue_depth / that rate seconds on any mix."""
     flavors = []
     for name in flavors_of(spec):
         r = w.rate_of(name)
+        if name == CPU_FLAVOR and measured_cpu_rps and name not in w.flavor_rates:
+            r = FlavorRate(measured_cpu_rps, r.p95_ms, r.cold_start_s)
         units = 1 if name == CPU_FLAVOR else max(1, spec.gpus_per_replica)
         flavors.append(Flavor(name, units * prices.get(name, Decimal(0)), r.replica_rps,
                               r.p95_ms, r.cold_start_s, simulated=r.simulated))
@@ -202,10 +229,11 @@ def mix_policy_of(spec: common_pb2.EndpointSpec, prices: Mapping[str, Decimal],
 def mix_inputs_for(endpoint: common_pb2.Endpoint, streams: Mapping[Priority, StreamReading],
                    rps: float, p95_ms: float | None, runway: common_pb2.Runway | None,
                    prices: Mapping[str, Decimal], w: Windows,
-                   last_up: float | None, last_down: float | None) -> MixInputs:
+                   last_up: float | None, last_down: float | None,
+                   measured_cpu_rps: float | None = None) -> MixInputs:
     """The cost-aware decision's inputs. The endpoint's own holds (each replica's
     flavor price x horizon) are added back to what the meter says is free."""
-    policy = mix_policy_of(endpoint.spec, prices, w)
+    policy = mix_policy_of(endpoint.spec, prices, w, measured_cpu_rps)
     allowed = {f.name: f for f in policy.flavors}
     current = {f: n for f, n in endpoint.flavor_replicas.items() if f in allowed and n > 0}
     if not current and endpoint.replicas:  # a gateway that does not count per flavor

@@ -45,7 +45,7 @@ from decimal import Decimal
 from types import MappingProxyType
 
 from kestrel.endpoints import Priority
-from services.autoscaler.domain import Reason, ScalePolicy, ScaleState, load_of
+from services.autoscaler.domain import QueueCounts, Reason, ScalePolicy, ScaleState, load_of
 
 __all__ = [
     "Flavor",
@@ -129,7 +129,7 @@ def _no_queue() -> Mapping[Priority, int]:
 
 
 @dataclass(frozen=True)
-class MixInputs:
+class MixInputs(QueueCounts):
     policy: MixPolicy
     remaining: Decimal
     runway_s: float
@@ -159,14 +159,6 @@ class MixInputs:
             raise ValueError("queue depths and in_flight must not be negative")
         if self.arrival_rps < 0 or math.isnan(self.arrival_rps) or math.isnan(self.runway_s):
             raise ValueError("arrival_rps and runway_s must be numbers, arrival_rps >= 0")
-
-    @property
-    def queued(self) -> int:
-        return sum(self.queue_depth.values())
-
-    @property
-    def queued_urgent(self) -> int:
-        return sum(n for p, n in self.queue_depth.items() if p != Priority.LOW)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class Stats:
     texts: int = 0
     last_batch: int = 0
     latencies_ms: list[float] | None = None
+    busy_s: float = 0.0  # seconds in the model (batches that answered)
 
 
 class Replica:
@@ -175,6 +176,7 @@ class Replica:
             self.metrics.requests("failed", len(plan.batch))
         else:
             self.stats.served += len(plan.batch)
+            self.stats.busy_s += took
             self.metrics.requests("served", len(plan.batch))
             self.metrics.embeddings.inc(len(texts))
         lat = self.stats.latencies_ms
@@ -240,7 +242,7 @@ class Replica:
             p95_ms=lat[min(len(lat) - 1, int(0.95 * len(lat)))], served=st.served,
             batches=st.batches, expired=st.expired,
             mean_batch_size=st.texts / st.batches if st.batches else 0.0,
-            simulated=self.s.simulated)
+            simulated=self.s.simulated, busy_s=st.busy_s)
 
     async def beat(self) -> None:
         await self.redis.hset(ep.replicas_key(self.s.endpoint_id), self.s.replica,

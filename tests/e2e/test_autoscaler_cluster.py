@@ -44,9 +44,10 @@ async def loop(cluster_up: kc.ClusterInfo, service_env: dict[str, str], database
             "KESTREL_AUTOSCALER_SCALE_UP_COOLDOWN_S": "1",
             "KESTREL_AUTOSCALER_SCALE_DOWN_COOLDOWN_S": "5",
             "KESTREL_AUTOSCALER_REPLICA_RPS": "2",
-            # a simulated gpu-a10 replica takes 6 requests/s: at the e2e prices (a10 at
-            # twice the CPU's) one is the cheapest way to serve more than 2 requests/s
-            "KESTREL_AUTOSCALER_FLAVOR_RATES": "gpu-a10=6:20:15"}
+            # a CPU replica pinned at 2 requests/s (not the measured rate, which depends
+            # on the machine) and a simulated gpu-a10 one at 6: at the e2e prices (a10 at
+            # twice the CPU's) one a10 is the cheapest way to serve more than 2 a second
+            "KESTREL_AUTOSCALER_FLAVOR_RATES": "cpu=2:147:4,gpu-a10=6:20:15"}
     lp = Loop(env, tmp_path, database)
     try:
         lp.start_all()

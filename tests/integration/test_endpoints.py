@@ -154,6 +154,7 @@ async def test_no_replica_unavailable_expired_not_computed_and_rate_limit(
     # and the one behind the stuck replica) were skipped; their texts never ran.
     assert hb.expired == 2 and hb.served == 1 and hb.batches == 1, hb
     assert hb.mean_batch_size == 1.0
+    assert 0 < hb.busy_s < 10  # the one batch that ran, in model seconds
 
     # Per-tenant rate limit: RESOURCE_EXHAUSTED with RetryInfo.
     slow = await make_tenant(w.stub, "slow", rate=0.1, burst=2)

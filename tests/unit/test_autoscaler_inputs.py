@@ -8,17 +8,19 @@ from decimal import Decimal
 import pytest
 
 from kestrel.endpoints import Priority
-from kestrel_sdk.v1 import common_pb2
+from kestrel_sdk.v1 import common_pb2, worker_pb2
 from services.autoscaler.inputs import (
     StreamReading,
     Windows,
     arrival_rps,
     budget_for,
     inputs_for,
+    measured_rps,
     mix_inputs_for,
     parse_flavor_rates,
     policy_of,
     replica_price,
+    worst_p95,
 )
 
 PRICES = {"gpu-h100": Decimal("0.01"), "gpu-a10": Decimal("0.001"), "cpu": Decimal("0.0005")}
@@ -133,3 +135,35 @@ def test_unconfigured_flavors_get_the_documented_defaults() -> None:
     w = Windows(replica_rps=30.0)
     assert w.rate_of("cpu").replica_rps == 30.0 and not w.rate_of("cpu").simulated
     assert w.rate_of("gpu-h100").simulated and w.rate_of("gpu-h100").replica_rps == 2700.0
+
+
+def beat(served: int, busy_s: float, simulated: bool = False,
+         p95: float = 50.0) -> worker_pb2.WorkerHeartbeat:
+    return worker_pb2.WorkerHeartbeat(served=served, busy_s=busy_s, simulated=simulated,
+                                      p95_ms=p95)
+
+
+@pytest.mark.parametrize(("name", "beats", "want"), [
+    ("the CPU pool's replicas: requests per model second, at target utilisation",
+     [beat(100, 2.0), beat(60, 2.0)], 0.75 * 160 / 4.0),
+    ("stand-ins for simulated GPUs do not count", [beat(100, 4.0), beat(10_000, 1.0, True)],
+     0.75 * 100 / 4.0),
+    ("too few model seconds yet: no figure", [beat(10, 0.5)], None),
+    ("no replica served", [], None),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_the_cpu_pools_rate_is_measured_from_its_heartbeats(
+        name: str, beats: list[worker_pb2.WorkerHeartbeat], want: float | None) -> None:
+    got = measured_rps(beats)
+    assert got == (pytest.approx(want) if want is not None else None)
+
+
+def test_a_measured_cpu_rate_is_used_unless_one_is_configured() -> None:
+    e = mixed(replicas=1, flavor_replicas={"cpu": 1}, flavor_ready={"cpu": 1})
+    got = mix_inputs_for(e, {}, 0.0, None, runway(), PRICES, Windows(replica_rps=2.0), None,
+                         None, measured_cpu_rps=17.5)
+    assert {f.name: f.replica_rps for f in got.policy.flavors}["cpu"] == 17.5
+    pinned = Windows(flavor_rates=parse_flavor_rates("cpu=3:100:4"))
+    got = mix_inputs_for(e, {}, 0.0, None, runway(), PRICES, pinned, None, None,
+                         measured_cpu_rps=17.5)
+    assert {f.name: f.replica_rps for f in got.policy.flavors}["cpu"] == 3.0
+    assert worst_p95([beat(1, 1.0, p95=80.0), beat(0, 0.0, p95=900.0)]) == 80.0

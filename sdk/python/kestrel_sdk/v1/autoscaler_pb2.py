@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkestrel/v1/autoscaler.proto\x12\nkestrel.v1\";\n\x14GetScaleStateRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\"\xa6\x01\n\x0bScaleInputs\x12\x13\n\x0bqueue_depth\x18\x01 \x01(\x03\x12\x0e\n\x06p95_ms\x18\x02 \x01(\x01\x12\x16\n\x0eready_replicas\x18\x03 \x01(\x05\x12\x10\n\x08runway_s\x18\x04 \x01(\x01\x12\x18\n\x10runway_unlimited\x18\x05 \x01(\x08\x12\x11\n\tremaining\x18\x06 \x01(\t\x12\x1b\n\x13price_per_replica_s\x18\x07 \x01(\t\"\xdd\x04\n\x15GetScaleStateResponse\x12\x10\n\x08replicas\x18\x01 \x01(\x05\x12\x17\n\x0ftarget_replicas\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\'\n\x06inputs\x18\x04 \x01(\x0b\x32\x17.kestrel.v1.ScaleInputs\x12\x12\n\ndecided_us\x18\x05 \x01(\x03\x12\x19\n\x11\x63ooldown_until_us\x18\x06 \x01(\x03\x12N\n\x0f\x66lavor_replicas\x18\x07 \x03(\x0b\x32\x35.kestrel.v1.GetScaleStateResponse.FlavorReplicasEntry\x12[\n\x16target_flavor_replicas\x18\x08 \x03(\x0b\x32;.kestrel.v1.GetScaleStateResponse.TargetFlavorReplicasEntry\x12H\n\x0c\x63heapest_mix\x18\t \x03(\x0b\x32\x32.kestrel.v1.GetScaleStateResponse.CheapestMixEntry\x12\x12\n\ndemand_rps\x18\n \x01(\x01\x1a\x35\n\x13\x46lavorReplicasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a;\n\x19TargetFlavorReplicasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a\x32\n\x10\x43heapestMixEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x32\x62\n\nAutoscaler\x12T\n\rGetScaleState\x12 .kestrel.v1.GetScaleStateRequest\x1a!.kestrel.v1.GetScaleStateResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkestrel/v1/autoscaler.proto\x12\nkestrel.v1\";\n\x14GetScaleStateRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0b\x65ndpoint_id\x18\x02 \x01(\t\"\xa6\x01\n\x0bScaleInputs\x12\x13\n\x0bqueue_depth\x18\x01 \x01(\x03\x12\x0e\n\x06p95_ms\x18\x02 \x01(\x01\x12\x16\n\x0eready_replicas\x18\x03 \x01(\x05\x12\x10\n\x08runway_s\x18\x04 \x01(\x01\x12\x18\n\x10runway_unlimited\x18\x05 \x01(\x08\x12\x11\n\tremaining\x18\x06 \x01(\t\x12\x1b\n\x13price_per_replica_s\x18\x07 \x01(\t\"\xd5\x05\n\x15GetScaleStateResponse\x12\x10\n\x08replicas\x18\x01 \x01(\x05\x12\x17\n\x0ftarget_replicas\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\'\n\x06inputs\x18\x04 \x01(\x0b\x32\x17.kestrel.v1.ScaleInputs\x12\x12\n\ndecided_us\x18\x05 \x01(\x03\x12\x19\n\x11\x63ooldown_until_us\x18\x06 \x01(\x03\x12N\n\x0f\x66lavor_replicas\x18\x07 \x03(\x0b\x32\x35.kestrel.v1.GetScaleStateResponse.FlavorReplicasEntry\x12[\n\x16target_flavor_replicas\x18\x08 \x03(\x0b\x32;.kestrel.v1.GetScaleStateResponse.TargetFlavorReplicasEntry\x12H\n\x0c\x63heapest_mix\x18\t \x03(\x0b\x32\x32.kestrel.v1.GetScaleStateResponse.CheapestMixEntry\x12\x12\n\ndemand_rps\x18\n \x01(\x01\x12\x44\n\nflavor_rps\x18\x0b \x03(\x0b\x32\x30.kestrel.v1.GetScaleStateResponse.FlavorRpsEntry\x1a\x35\n\x13\x46lavorReplicasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a;\n\x19TargetFlavorReplicasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a\x32\n\x10\x43heapestMixEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x1a\x30\n\x0e\x46lavorRpsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x62\n\nAutoscaler\x12T\n\rGetScaleState\x12 .kestrel.v1.GetScaleStateRequest\x1a!.kestrel.v1.GetScaleStateResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,18 +37,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSCALESTATERESPONSE_TARGETFLAVORREPLICASENTRY']._serialized_options = b'8\001'
   _globals['_GETSCALESTATERESPONSE_CHEAPESTMIXENTRY']._loaded_options = None
   _globals['_GETSCALESTATERESPONSE_CHEAPESTMIXENTRY']._serialized_options = b'8\001'
+  _globals['_GETSCALESTATERESPONSE_FLAVORRPSENTRY']._loaded_options = None
+  _globals['_GETSCALESTATERESPONSE_FLAVORRPSENTRY']._serialized_options = b'8\001'
   _globals['_GETSCALESTATEREQUEST']._serialized_start=43
   _globals['_GETSCALESTATEREQUEST']._serialized_end=102
   _globals['_SCALEINPUTS']._serialized_start=105
   _globals['_SCALEINPUTS']._serialized_end=271
   _globals['_GETSCALESTATERESPONSE']._serialized_start=274
-  _globals['_GETSCALESTATERESPONSE']._serialized_end=879
-  _globals['_GETSCALESTATERESPONSE_FLAVORREPLICASENTRY']._serialized_start=713
-  _globals['_GETSCALESTATERESPONSE_FLAVORREPLICASENTRY']._serialized_end=766
-  _globals['_GETSCALESTATERESPONSE_TARGETFLAVORREPLICASENTRY']._serialized_start=768
-  _globals['_GETSCALESTATERESPONSE_TARGETFLAVORREPLICASENTRY']._serialized_end=827
-  _globals['_GETSCALESTATERESPONSE_CHEAPESTMIXENTRY']._serialized_start=829
-  _globals['_GETSCALESTATERESPONSE_CHEAPESTMIXENTRY']._serialized_end=879
-  _globals['_AUTOSCALER']._serialized_start=881
-  _globals['_AUTOSCALER']._serialized_end=979
+  _globals['_GETSCALESTATERESPONSE']._serialized_end=999
+  _globals['_GETSCALESTATERESPONSE_FLAVORREPLICASENTRY']._serialized_start=783
+  _globals['_GETSCALESTATERESPONSE_FLAVORREPLICASENTRY']._serialized_end=836
+  _globals['_GETSCALESTATERESPONSE_TARGETFLAVORREPLICASENTRY']._serialized_start=838
+  _globals['_GETSCALESTATERESPONSE_TARGETFLAVORREPLICASENTRY']._serialized_end=897
+  _globals['_GETSCALESTATERESPONSE_CHEAPESTMIXENTRY']._serialized_start=899
+  _globals['_GETSCALESTATERESPONSE_CHEAPESTMIXENTRY']._serialized_end=949
+  _globals['_GETSCALESTATERESPONSE_FLAVORRPSENTRY']._serialized_start=951
+  _globals['_GETSCALESTATERESPONSE_FLAVORRPSENTRY']._serialized_end=999
+  _globals['_AUTOSCALER']._serialized_start=1001
+  _globals['_AUTOSCALER']._serialized_end=1099
 # @@protoc_insertion_point(module_scope)

@@ -141,6 +141,26 @@ class GetScaleStateResponse(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class FlavorRpsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     REPLICAS_FIELD_NUMBER: _builtins.int
     TARGET_REPLICAS_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
@@ -151,6 +171,7 @@ class GetScaleStateResponse(_message.Message):
     TARGET_FLAVOR_REPLICAS_FIELD_NUMBER: _builtins.int
     CHEAPEST_MIX_FIELD_NUMBER: _builtins.int
     DEMAND_RPS_FIELD_NUMBER: _builtins.int
+    FLAVOR_RPS_FIELD_NUMBER: _builtins.int
     replicas: _builtins.int
     target_replicas: _builtins.int
     reason: _builtins.str
@@ -171,6 +192,13 @@ class GetScaleStateResponse(_message.Message):
     def target_flavor_replicas(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     @_builtins.property
     def cheapest_mix(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def flavor_rps(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Requests a second one replica of each flavor is planned to take (at its target
+        utilisation): the CPU pool's measured from its replicas' heartbeats once they have
+        served, a GPU flavor's as configured (simulated).
+        """
+
     def __init__(
         self,
         *,
@@ -184,10 +212,11 @@ class GetScaleStateResponse(_message.Message):
         target_flavor_replicas: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         cheapest_mix: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         demand_rps: _builtins.float = ...,
+        flavor_rps: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inputs", b"inputs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cheapest_mix", b"cheapest_mix", "cooldown_until_us", b"cooldown_until_us", "decided_us", b"decided_us", "demand_rps", b"demand_rps", "flavor_replicas", b"flavor_replicas", "inputs", b"inputs", "reason", b"reason", "replicas", b"replicas", "target_flavor_replicas", b"target_flavor_replicas", "target_replicas", b"target_replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cheapest_mix", b"cheapest_mix", "cooldown_until_us", b"cooldown_until_us", "decided_us", b"decided_us", "demand_rps", b"demand_rps", "flavor_replicas", b"flavor_replicas", "flavor_rps", b"flavor_rps", "inputs", b"inputs", "reason", b"reason", "replicas", b"replicas", "target_flavor_replicas", b"target_flavor_replicas", "target_replicas", b"target_replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

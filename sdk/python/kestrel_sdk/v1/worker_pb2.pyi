@@ -167,6 +167,7 @@ class WorkerHeartbeat(_message.Message):
     EXPIRED_FIELD_NUMBER: _builtins.int
     MEAN_BATCH_SIZE_FIELD_NUMBER: _builtins.int
     SIMULATED_FIELD_NUMBER: _builtins.int
+    BUSY_S_FIELD_NUMBER: _builtins.int
     replica: _builtins.str
     endpoint_id: _builtins.str
     time_us: _builtins.int
@@ -180,6 +181,10 @@ class WorkerHeartbeat(_message.Message):
     mean_batch_size: _builtins.float
     simulated: _builtins.bool
     """A host stand-in for a simulated (KWOK) GPU replica."""
+    busy_s: _builtins.float
+    """Seconds spent in the model so far: served / busy_s is how many requests a second
+    this replica takes when it is never idle (the autoscaler's measured rate).
+    """
     def __init__(
         self,
         *,
@@ -194,10 +199,11 @@ class WorkerHeartbeat(_message.Message):
         expired: _builtins.int = ...,
         mean_batch_size: _builtins.float = ...,
         simulated: _builtins.bool = ...,
+        busy_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "batches", b"batches", "endpoint_id", b"endpoint_id", "expired", b"expired", "mean_batch_size", b"mean_batch_size", "p95_ms", b"p95_ms", "replica", b"replica", "served", b"served", "simulated", b"simulated", "tenant", b"tenant", "time_us", b"time_us"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_size", b"batch_size", "batches", b"batches", "busy_s", b"busy_s", "endpoint_id", b"endpoint_id", "expired", b"expired", "mean_batch_size", b"mean_batch_size", "p95_ms", b"p95_ms", "replica", b"replica", "served", b"served", "simulated", b"simulated", "tenant", b"tenant", "time_us", b"time_us"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
